@@ -1,0 +1,21 @@
+// `deltaflow make-tiny`: complete HF-format checkpoints with random weights in the real architecture, small
+// enough for CI. The same preset and seed give the same bytes on every machine (own PRNG, own normal
+// sampler).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+
+namespace deltaflow::model {
+
+// Preset names: dense, moe, tied, multimodal, next.
+const std::vector<std::string>& tiny_presets();
+
+// Writes config.json, model.safetensors (or shards + index), generation_config.json and tokenizer files to
+// out_dir.
+core::Status write_tiny_checkpoint(const std::string& preset, uint64_t seed, const std::string& out_dir);
+
+}  // namespace deltaflow::model

@@ -1,0 +1,93 @@
+// Typed views of a checkpoint's tensors, bound by one table (weight_table.cpp) that maps HF names to fields
+// with shape checks. Views point into the mmap'd safetensors; tensors that must be repacked (Qwen3-Next's
+// grouped in_proj_qkvz / in_proj_ba) live in `owned`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/status.hpp"
+#include "io/safetensors.hpp"
+#include "model/config.hpp"
+
+namespace deltaflow::model {
+
+// A row-major matrix [rows, cols] of bf16, f16 or f32 elements. A vector is a matrix with one row.
+struct Mat {
+  const void* data = nullptr;
+  core::DType dtype = core::DType::kF32;
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes() const { return static_cast<size_t>(cols) * core::dtype_size(dtype); }
+  const void* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
+  }
+  int64_t numel() const { return rows * cols; }
+};
+
+struct GatedDeltaNetWeights {
+  Mat in_proj_qkv;  // [conv_dim, hidden]: rows [q (nk*dk) | k (nk*dk) | v (nv*dv)], head-major
+  Mat in_proj_z;    // [nv*dv, hidden]
+  Mat in_proj_b;    // [nv, hidden]
+  Mat in_proj_a;    // [nv, hidden]
+  Mat conv1d;       // [conv_dim, kernel] (checkpoint shape [conv_dim, 1, kernel]); depthwise, no bias
+  Mat dt_bias;      // [1, nv]
+  Mat A_log;        // [1, nv]
+  Mat norm;         // [1, dv]: the gated RMSNorm's plain weight, shared by all heads
+  Mat out_proj;     // [hidden, nv*dv]
+};
+
+struct FullAttentionWeights {
+  Mat q_proj;  // [nh*head_dim*2, hidden]: per head [q (head_dim) | gate (head_dim)]
+  Mat k_proj;  // [nkv*head_dim, hidden]
+  Mat v_proj;  // [nkv*head_dim, hidden]
+  Mat o_proj;  // [hidden, nh*head_dim]
+  Mat q_norm;  // [1, head_dim], (1+w) RMSNorm
+  Mat k_norm;  // [1, head_dim], (1+w) RMSNorm
+};
+
+struct MlpWeights {
+  Mat gate_proj;  // [inter, hidden]
+  Mat up_proj;    // [inter, hidden]
+  Mat down_proj;  // [hidden, inter]
+};
+
+struct MoeWeights {
+  Mat router;                       // [num_experts, hidden] (mlp.gate.weight)
+  std::vector<MlpWeights> experts;  // [num_experts], each [moe_inter, hidden] / [hidden, moe_inter]
+  MlpWeights shared_expert;         // [shared_inter, hidden] / [hidden, shared_inter]
+  Mat shared_expert_gate;           // [1, hidden]
+};
+
+struct LayerWeights {
+  LayerType type = LayerType::kLinearAttention;
+  Mat input_layernorm;           // [1, hidden], (1+w)
+  Mat post_attention_layernorm;  // [1, hidden], (1+w)
+  GatedDeltaNetWeights linear;   // when type == kLinearAttention
+  FullAttentionWeights attn;     // when type == kFullAttention
+  bool is_moe = false;
+  MlpWeights mlp;  // dense FFN
+  MoeWeights moe;  // sparse FFN
+};
+
+struct ModelWeights {
+  Mat embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Mat norm;     // [1, hidden], (1+w)
+  Mat lm_head;  // [vocab, hidden]; = embed_tokens when tied
+  std::string
+      prefix;  // the text-model prefix found in the checkpoint ("model.language_model.", "model.", ...)
+  std::vector<std::string> mtp_tensors;                      // recognised, kept for speculative decoding
+  std::vector<std::string> visual_tensors;                   // recognised, kept for the vision encoder
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;  // repacked tensors
+  uint64_t bytes = 0;                                        // bytes of the tensors bound for the text model
+  int64_t parameter_count = 0;  // elements bound for the text model (tied lm_head counted once)
+};
+
+// Binds every tensor the config needs. A missing, extra or mis-shaped tensor, or an unsupported dtype, is an
+// error naming the tensor, its file and what was expected.
+core::Expected<ModelWeights> bind_weights(const TextConfig& config, const io::Checkpoint& checkpoint);
+
+}  // namespace deltaflow::model
