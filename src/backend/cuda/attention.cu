@@ -1,0 +1,246 @@
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
+
+namespace deltaflow::backend::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileKeys = 16;  // keys staged in shared memory at a time
+
+// Block (token, head); thread i owns dimension i.
+//   x = x * rsqrt(mean(x^2) + eps) * (1 + w)
+//   x[:rot] = x[:rot] * cos + rotate_half(x[:rot]) * sin,  freq_i = pos * inv_freq[i]  (fp32)
+template <class KvT>
+__global__ void kernel_qk_norm_rope(QkvArgs a) {
+  __shared__ float buf[1024];
+  __shared__ float red[32];
+  const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
+  const bool is_q = hh < a.nh;
+  const int qw = a.gated ? 2 * a.hd : a.hd;
+  const float* row = a.qkv + static_cast<int64_t>(t) * a.ld;
+  const int kvh = hh - a.nh;
+  const float x = is_q ? row[hh * qw + i] : row[static_cast<int64_t>(a.nh) * qw + kvh * a.hd + i];
+  const float ss = block_sum(x * x, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.hd) + a.eps);
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  float y = x * inv * (1.0f + w[i]);
+  buf[i] = y;
+  __syncthreads();
+  const int pos = a.tok_pos[t];
+  const int half = a.rot / 2;
+  if (i < a.rot) {
+    const int f_i = i < half ? i : i - half;
+    const float f = static_cast<float>(pos) * a.inv_freq[f_i];
+    const float c = cosf(f), s = sinf(f);
+    const float lo = buf[f_i], hi = buf[f_i + half];
+    y = i < half ? lo * c - hi * s : hi * c + lo * s;
+  }
+  if (is_q) {
+    a.q_out[(static_cast<int64_t>(t) * a.nh + hh) * a.hd + i] = y;
+    return;
+  }
+  const int64_t at = static_cast<int64_t>(a.tok_slot[t]) * a.cache.slot_stride +
+                     (static_cast<int64_t>(kvh) * a.cache.max_ctx + pos) * a.hd + i;
+  static_cast<KvT*>(a.cache.k)[at] = from_f32<KvT>(y);
+  const float v = row[static_cast<int64_t>(a.nh) * qw + static_cast<int64_t>(a.nkv) * a.hd + kvh * a.hd + i];
+  static_cast<KvT*>(a.cache.v)[at] = from_f32<KvT>(v);
+}
+
+// Block (query tile, kv head, key split). The block's (query, head) pairs share the kv head; warp w takes
+// pairs w, w + 8, ... (PW of them). Lane l holds dims [l*DPL, (l+1)*DPL) of q and of the running output. K/V
+// tiles are staged in shared memory as fp32. Online softmax per pair (m: running max, l: running sum):
+//   s = q.k * scale ; m' = max(m, s) ; l = l e^(m-m') + e^(s-m') ; acc = acc e^(m-m') + e^(s-m') v
+// Writes the unnormalised acc and (m, l) of its split; attention_combine normalises.
+template <class KvT, int DPL, int PW>
+__global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt, int split_keys) {
+  constexpr int kHd = 32 * DPL;
+  __shared__ __align__(16) float Ks[kTileKeys * kHd];
+  __shared__ __align__(16) float Vs[kTileKeys * kHd];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int hk = blockIdx.y, sp = blockIdx.z;
+  const int grp = a.nh / a.nkv;
+  const int t0 = blockIdx.x * qt, t1 = min(a.n_tokens, t0 + qt);
+  const int npairs = (t1 - t0) * grp;
+  const int64_t kbeg = static_cast<int64_t>(sp) * split_keys;
+  const int64_t kend = min64(kbeg + split_keys, static_cast<int64_t>(a.tok_pos[t1 - 1]) + 1);
+  if (kbeg >= kend) return;  // past the sequence: the combine step does not read this split
+  const int64_t base = static_cast<int64_t>(a.tok_slot[t0]) * a.cache.slot_stride +
+                       static_cast<int64_t>(hk) * a.cache.max_ctx * kHd;
+  const KvT* K = static_cast<const KvT*>(a.cache.k) + base;
+  const KvT* V = static_cast<const KvT*>(a.cache.v) + base;
+
+  float q[PW][DPL], acc[PW][DPL], m[PW], l[PW];
+  int lim[PW], tok[PW], head[PW];
+#pragma unroll
+  for (int i = 0; i < PW; ++i) {
+    const int p = warp + kWarps * i;
+    tok[i] = p < npairs ? t0 + p / grp : -1;
+    head[i] = hk * grp + p % grp;
+    lim[i] = tok[i] >= 0 ? a.tok_pos[tok[i]] : -1;
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) {
+      q[i][j] =
+          tok[i] >= 0 ? a.q[(static_cast<int64_t>(tok[i]) * a.nh + head[i]) * kHd + lane * DPL + j] : 0.0f;
+      acc[i][j] = 0.0f;
+    }
+  }
+
+  constexpr int kPerVec = 16 / static_cast<int>(sizeof(KvT));
+  constexpr int kVecs = kTileKeys * kHd / kPerVec;
+  for (int64_t j0 = kbeg; j0 < kend; j0 += kTileKeys) {
+    const int nk = static_cast<int>(min64(kTileKeys, kend - j0));
+    __syncthreads();
+    for (int vi = threadIdx.x; vi < kVecs; vi += kThreads) {
+      const int r = vi * kPerVec / kHd;
+      float kf[kPerVec], vf[kPerVec];
+      if (r < nk) {
+        const uint4 kr = *reinterpret_cast<const uint4*>(K + j0 * kHd + static_cast<int64_t>(vi) * kPerVec);
+        const uint4 vr = *reinterpret_cast<const uint4*>(V + j0 * kHd + static_cast<int64_t>(vi) * kPerVec);
+        unpack16(kr, kf, KvT{});
+        unpack16(vr, vf, KvT{});
+      } else {
+#pragma unroll
+        for (int c = 0; c < kPerVec; ++c) kf[c] = vf[c] = 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < kPerVec; ++c) {
+        Ks[vi * kPerVec + c] = kf[c];
+        Vs[vi * kPerVec + c] = vf[c];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < PW; ++i) {
+      if (tok[i] < 0) continue;
+      const int nvalid = static_cast<int>(min64(nk, static_cast<int64_t>(lim[i]) - j0 + 1));  // causal
+      for (int r = 0; r < nvalid; ++r) {
+        const float* kr = Ks + r * kHd + lane * DPL;
+        const float* vr = Vs + r * kHd + lane * DPL;
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) d = fmaf(q[i][j], kr[j], d);
+        const float s = warp_sum(d) * a.scale;
+        const float mn = fmaxf(m[i], s);
+        const float corr = expf(m[i] - mn);
+        const float p = expf(s - mn);
+        l[i] = l[i] * corr + p;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[i][j] = fmaf(acc[i][j], corr, p * vr[j]);
+        m[i] = mn;
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PW; ++i) {
+    if (tok[i] < 0) continue;
+    const int64_t at = (static_cast<int64_t>(tok[i]) * a.nh + head[i]) * a.max_splits + sp;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) a.part_acc[at * kHd + lane * DPL + j] = acc[i][j];
+    if (lane == 0) {
+      a.part_ml[at * 2] = m[i];
+      a.part_ml[at * 2 + 1] = l[i];
+    }
+  }
+}
+
+// Block (token, head), thread per dim: merge the splits the token's keys fall in, normalise, gate.
+//   o = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) ;  o *= sigmoid(gate)
+__global__ void kernel_attention_combine(AttnArgs a, int split_keys) {
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int ns = a.prefill ? 1 : (a.tok_pos[t] + split_keys) / split_keys;
+  const int64_t at = (static_cast<int64_t>(t) * a.nh + h) * a.max_splits;
+  float M = -INFINITY;
+  for (int s = 0; s < ns; ++s) M = fmaxf(M, a.part_ml[(at + s) * 2]);
+  float L = 0.0f, o = 0.0f;
+  for (int s = 0; s < ns; ++s) {
+    const float w = expf(a.part_ml[(at + s) * 2] - M);
+    L += a.part_ml[(at + s) * 2 + 1] * w;
+    o += a.part_acc[(at + s) * a.hd + d] * w;
+  }
+  o /= L;
+  if (a.gate)
+    o *= sigmoid_f(
+        a.gate[static_cast<int64_t>(t) * a.gate_ld + static_cast<int64_t>(h) * a.gate_head_stride + d]);
+  a.out[static_cast<int64_t>(t) * a.nh * a.hd + static_cast<int64_t>(h) * a.hd + d] = o;
+}
+
+template <class KvT, int DPL>
+cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
+  const int grp = a.nh / a.nkv;
+  int qt, split_keys;
+  dim3 grid;
+  if (a.prefill) {
+    // Up to 4 pairs per warp: as many query tokens per block as fill 32 pairs.
+    constexpr int kPW = 4;
+    qt = std::max(1, kWarps * kPW / grp);
+    split_keys = static_cast<int>(std::min<int64_t>(a.cache.max_ctx, 1 << 30));
+    grid = dim3(static_cast<unsigned>((a.n_tokens + qt - 1) / qt), static_cast<unsigned>(a.nkv), 1);
+    if (grp > kWarps * kPW) return cudaErrorInvalidValue;
+    kernel_attention<KvT, DPL, kPW><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+  } else {
+    qt = 1;
+    split_keys = kAttnSplitKeys;
+    grid = dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nkv),
+                static_cast<unsigned>(a.max_splits));
+    if (grp <= kWarps) {
+      kernel_attention<KvT, DPL, 1><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+    } else if (grp <= 2 * kWarps) {
+      kernel_attention<KvT, DPL, 2><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+    } else if (grp <= 4 * kWarps) {
+      kernel_attention<KvT, DPL, 4><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  kernel_attention_combine<<<dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh)), a.hd, 0,
+                             s>>>(a, split_keys);
+  return cudaGetLastError();
+}
+
+template <class KvT>
+cudaError_t dispatch_hd(const AttnArgs& a, cudaStream_t s) {
+  switch (a.hd) {
+    case 32:
+      return launch_attention<KvT, 1>(a, s);
+    case 64:
+      return launch_attention<KvT, 2>(a, s);
+    case 128:
+      return launch_attention<KvT, 4>(a, s);
+    case 256:
+      return launch_attention<KvT, 8>(a, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t qk_norm_rope_store(const QkvArgs& a, cudaStream_t stream) {
+  if (a.n_tokens == 0) return cudaSuccess;
+  if (a.hd <= 0 || a.hd > 1024 || a.rot > a.hd || a.rot % 2 != 0) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh + a.nkv));
+  if (a.cache.f32) {
+    kernel_qk_norm_rope<float><<<grid, a.hd, 0, stream>>>(a);
+  } else {
+    kernel_qk_norm_rope<__nv_bfloat16><<<grid, a.hd, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
+  if (a.n_tokens == 0) return cudaSuccess;
+  if (a.nkv <= 0 || a.nh % a.nkv != 0 || a.n_tokens > 65535 * 32) return cudaErrorInvalidValue;
+  if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535)) return cudaErrorInvalidValue;
+  AttnArgs b = a;
+  if (b.prefill) b.max_splits = 1;  // one split: the partial buffers are [tokens, nh, 1, hd]
+  return b.cache.f32 ? dispatch_hd<float>(b, stream) : dispatch_hd<__nv_bfloat16>(b, stream);
+}
+
+}  // namespace deltaflow::backend::cuda

@@ -1,0 +1,73 @@
+// Gated full attention (qwen35-architecture.md §2.4, §3): the per-head q/k (1+w) RMSNorm with partial NeoX
+// RoPE and the KV-cache write; then causal GQA attention over the cache, split over keys (decode) or tiled
+// over queries (prefill), with the sigmoid output gate applied when the splits are combined.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace deltaflow::backend::cuda {
+
+// The KV cache of one layer: [slots, nkv, max_ctx, head_dim], fp32 or bf16. Slot s starts at s * slot_stride.
+struct KvCache {
+  void* k = nullptr;
+  void* v = nullptr;
+  bool f32 = false;
+  int64_t slot_stride = 0;  // elements
+  int64_t max_ctx = 0;
+};
+
+struct QkvArgs {
+  // The q/k/v projection output, [tokens, ld]: nh heads of [q (hd) | gate (hd)] (gate only when gated), then
+  // k (nkv*hd), then v (nkv*hd).
+  const float* qkv = nullptr;
+  int64_t ld = 0;
+  int n_tokens = 0, nh = 0, nkv = 0, hd = 0, rot = 0;
+  bool gated = true;
+  const float* q_norm = nullptr;  // [hd]
+  const float* k_norm = nullptr;  // [hd]
+  float eps = 1e-6f;
+  const float* inv_freq = nullptr;  // [rot / 2]
+  const int* tok_pos = nullptr;     // [tokens]
+  const int* tok_slot = nullptr;    // [tokens]
+  float* q_out = nullptr;           // [tokens, nh, hd]
+  KvCache cache;
+};
+
+// q = rope(rmsnorm1p(q; q_norm)) -> q_out; k = rope(rmsnorm1p(k; k_norm)) and v -> the cache at (slot,
+// position). hd <= 1024.
+cudaError_t qk_norm_rope_store(const QkvArgs& args, cudaStream_t stream);
+
+// Keys per split in decode: each block covers this many cache positions of one (sequence, kv head).
+inline constexpr int kAttnSplitKeys = 64;
+
+struct AttnArgs {
+  const float* q = nullptr;  // [tokens, nh, hd], normed and rotated
+  KvCache cache;
+  int n_tokens = 0, nh = 0, nkv = 0, hd = 0;
+  const int* tok_pos = nullptr;   // [tokens]: token t sees cache positions 0..tok_pos[t]
+  const int* tok_slot = nullptr;  // [tokens]
+  // prefill: the tokens are one sequence at consecutive positions (blocks take tiles of queries, no split);
+  // decode: one token per sequence, keys split in kAttnSplitKeys chunks over max_splits blocks.
+  bool prefill = false;
+  int max_splits = 1;
+  float scale = 1.0f;
+  float* part_acc = nullptr;  // workspace [tokens, nh, max_splits, hd]
+  float* part_ml = nullptr;   // workspace [tokens, nh, max_splits, 2]
+  // Output gate: out *= sigmoid(gate[t * gate_ld + h * gate_head_stride + d]) when gate is set.
+  const float* gate = nullptr;
+  int64_t gate_ld = 0, gate_head_stride = 0;
+  float* out = nullptr;  // [tokens, nh * hd]
+};
+
+// softmax(q k^T * scale, causal) v, GQA (q head h reads kv head h / (nh / nkv)), then the gate.
+// hd in {32, 64, 128, 256}.
+cudaError_t attention(const AttnArgs& args, cudaStream_t stream);
+
+// Splits a decode launch needs for a cache of max_ctx positions.
+inline int attention_max_splits(int64_t max_ctx) {
+  return static_cast<int>((max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys);
+}
+
+}  // namespace deltaflow::backend::cuda

@@ -1,0 +1,974 @@
+#include "backend/cuda/cuda_backend.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cpu/ops.hpp"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/conv1d.cuh"
+#include "backend/cuda/cuda_check.hpp"
+#include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/embedding.cuh"
+#include "backend/cuda/gated_deltanet.cuh"
+#include "backend/cuda/gemv.cuh"
+#include "backend/cuda/moe.cuh"
+#include "backend/cuda/norm.cuh"
+#include "io/safetensors.hpp"
+#include "model/weights.hpp"
+
+namespace deltaflow::backend::cuda {
+
+using model::LayerType;
+
+namespace {
+
+constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
+constexpr int kBuckets[6] = {1, 2, 4, 8, 16, 32};
+constexpr size_t kGemmWorkspace = 32u << 20;
+constexpr size_t kStagingBytes = 32u << 20;
+
+size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
+int bucket_index(int64_t n) {
+  for (int i = 0; i < 6; ++i)
+    if (n <= kBuckets[i]) return i;
+  return 5;
+}
+
+// What fills one region of the weight allocation: host bytes (mmap'd checkpoint), converted fp32 values, or
+// random values (synthetic).
+struct Job {
+  size_t off = 0, bytes = 0;
+  const void* src = nullptr;
+  std::vector<float> f32;
+  bool random = false;
+  core::DType dtype = core::DType::kBF16;
+  int64_t n = 0;
+  float scale = 0, shift = 0;
+};
+
+// Assigns offsets in one allocation. Run twice: first with base 0 to size it, then with the real base.
+class Layout {
+ public:
+  Layout(uintptr_t base, const model::ModelWeights* w) : base_(base), w_(w) {}
+  bool synthetic() const { return w_ == nullptr; }
+  size_t size() const { return size_; }
+  std::vector<Job>& jobs() { return jobs_; }
+
+  // A matrix made of the row blocks `parts` (one element type), or rows x cols of bf16 U(-scale, scale).
+  core::Expected<DMat> mat(const std::vector<const model::Mat*>& parts, int64_t rows, int64_t cols,
+                           float scale, const std::string& what) {
+    DMat m;
+    m.rows = rows;
+    m.cols = cols;
+    if (synthetic()) {
+      m.dtype = core::DType::kBF16;
+      Job j;
+      j.random = true;
+      j.dtype = m.dtype;
+      j.n = rows * cols;
+      j.scale = scale;
+      j.off = alloc(m.bytes());
+      j.bytes = m.bytes();
+      m.data = ptr(j.off);
+      jobs_.push_back(std::move(j));
+      return m;
+    }
+    if (parts.empty()) return core::Error{what + ": no tensor bound"};
+    int64_t total = 0;
+    m.dtype = parts[0]->dtype;
+    for (const auto* p : parts) {
+      if (p->cols != cols) return core::Error{what + ": expected " + std::to_string(cols) + " columns"};
+      if (p->dtype != m.dtype)
+        return core::Error{what + ": the tensors of one projection group have different dtypes"};
+      total += p->rows;
+    }
+    if (total != rows) return core::Error{what + ": expected " + std::to_string(rows) + " rows in all"};
+    size_t off = alloc(m.bytes());
+    m.data = ptr(off);
+    for (const auto* p : parts) {
+      Job j;
+      j.off = off;
+      j.bytes = static_cast<size_t>(p->rows) * p->row_bytes();
+      j.src = p->data;
+      off += j.bytes;
+      jobs_.push_back(std::move(j));
+    }
+    return m;
+  }
+
+  // n fp32 values: the tensor converted, or shift + scale * U(-1, 1).
+  float* vec(const model::Mat* m, int64_t n, float scale, float shift) {
+    Job j;
+    j.bytes = static_cast<size_t>(n) * 4;
+    j.off = alloc(j.bytes);
+    if (synthetic()) {
+      j.random = true;
+      j.dtype = core::DType::kF32;
+      j.n = n;
+      j.scale = scale;
+      j.shift = shift;
+    } else {
+      j.f32 = cpu::load_all(*m);
+    }
+    float* p = static_cast<float*>(ptr(j.off));
+    jobs_.push_back(std::move(j));
+    return p;
+  }
+
+  float* values(std::vector<float> v) {
+    Job j;
+    j.bytes = v.size() * 4;
+    j.off = alloc(j.bytes);
+    j.f32 = std::move(v);
+    float* p = static_cast<float*>(ptr(j.off));
+    jobs_.push_back(std::move(j));
+    return p;
+  }
+
+ private:
+  size_t alloc(size_t bytes) {
+    const size_t off = align_up(size_, 256);
+    size_ = off + bytes;
+    return off;
+  }
+  void* ptr(size_t off) const { return reinterpret_cast<void*>(base_ + off); }
+
+  uintptr_t base_;
+  const model::ModelWeights* w_;
+  size_t size_ = 0;
+  std::vector<Job> jobs_;
+};
+
+// Lays out every weight of the model; w == nullptr: synthetic.
+core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeights* w, Layout& lay,
+                             DMat& embed, DMat& lm_head, float*& final_norm, float*& inv_freq,
+                             std::vector<DLayer>& layers) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float hs = 1.0f / std::sqrt(static_cast<float>(H));
+  auto one = [](const model::Mat& m) { return std::vector<const model::Mat*>{&m}; };
+  DF_ASSIGN(embed,
+            lay.mat(w ? one(w->embed_tokens) : std::vector<const model::Mat*>{}, V, H, 1.0f, "embed_tokens"));
+  if (c.tie_word_embeddings) {
+    lm_head = embed;
+  } else {
+    DF_ASSIGN(lm_head, lay.mat(w ? one(w->lm_head) : std::vector<const model::Mat*>{}, V, H, hs, "lm_head"));
+  }
+  final_norm = lay.vec(w ? &w->norm : nullptr, H, 0.1f, 0.0f);
+  // inv_freq[i] = 1 / theta^(2i / rot), as Qwen3_5TextRotaryEmbedding (and the CPU backend) compute it.
+  const int64_t rot = c.rotary_dim();
+  std::vector<float> f;
+  for (int64_t i = 0; i < rot / 2; ++i)
+    f.push_back(static_cast<float>(
+        1.0 /
+        std::pow(c.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(rot)))));
+  if (f.empty()) f.push_back(0.0f);
+  inv_freq = lay.values(std::move(f));
+
+  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads, dk = c.linear_key_head_dim;
+  const int64_t dv = c.linear_value_head_dim, C = c.linear_conv_dim(), vd = c.linear_value_dim();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  (void)nk;
+  (void)dk;
+  int64_t n_lin = 0, n_full = 0;
+  layers.clear();
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const model::LayerWeights* lw = w ? &w->layers[static_cast<size_t>(i)] : nullptr;
+    const std::string what = "layer " + std::to_string(i);
+    DLayer L;
+    L.type = c.layer_types[static_cast<size_t>(i)];
+    L.is_moe = c.layer_is_moe(i);
+    L.input_norm = lay.vec(lw ? &lw->input_layernorm : nullptr, H, 0.1f, 0.0f);
+    L.post_norm = lay.vec(lw ? &lw->post_attention_layernorm : nullptr, H, 0.1f, 0.0f);
+    if (L.type == LayerType::kLinearAttention) {
+      L.type_index = n_lin++;
+      std::vector<const model::Mat*> parts;
+      if (lw)
+        parts = {&lw->linear.in_proj_qkv, &lw->linear.in_proj_z, &lw->linear.in_proj_b,
+                 &lw->linear.in_proj_a};
+      DF_ASSIGN(L.in_proj, lay.mat(parts, C + vd + 2 * nv, H, hs, what + " in_proj"));
+      L.conv_w = lay.vec(lw ? &lw->linear.conv1d : nullptr, C * c.linear_conv_kernel_dim, 0.5f, 0.0f);
+      L.dt_bias = lay.vec(lw ? &lw->linear.dt_bias : nullptr, nv, 0.2f, 1.0f);
+      L.A_log = lay.vec(lw ? &lw->linear.A_log : nullptr, nv, 1.0f, 1.5f);
+      L.gdn_norm = lay.vec(lw ? &lw->linear.norm : nullptr, dv, 0.1f, 1.0f);
+      DF_ASSIGN(L.out_proj, lay.mat(lw ? one(lw->linear.out_proj) : std::vector<const model::Mat*>{}, H, vd,
+                                    1.0f / std::sqrt(static_cast<float>(vd)), what + " out_proj"));
+    } else {
+      L.type_index = n_full++;
+      std::vector<const model::Mat*> parts;
+      if (lw) parts = {&lw->attn.q_proj, &lw->attn.k_proj, &lw->attn.v_proj};
+      DF_ASSIGN(L.qkv, lay.mat(parts, nh * qw + 2 * nkv * hd, H, hs, what + " q/k/v_proj"));
+      L.q_norm = lay.vec(lw ? &lw->attn.q_norm : nullptr, hd, 0.1f, 0.0f);
+      L.k_norm = lay.vec(lw ? &lw->attn.k_norm : nullptr, hd, 0.1f, 0.0f);
+      DF_ASSIGN(L.o_proj, lay.mat(lw ? one(lw->attn.o_proj) : std::vector<const model::Mat*>{}, H, nh * hd,
+                                  1.0f / std::sqrt(static_cast<float>(nh * hd)), what + " o_proj"));
+    }
+    if (!L.is_moe) {
+      const int64_t I = c.intermediate_size;
+      std::vector<const model::Mat*> gu, dn;
+      if (lw) {
+        gu = {&lw->mlp.gate_proj, &lw->mlp.up_proj};
+        dn = {&lw->mlp.down_proj};
+      }
+      DF_ASSIGN(L.gate_up, lay.mat(gu, 2 * I, H, hs, what + " gate/up_proj"));
+      DF_ASSIGN(L.down, lay.mat(dn, H, I, 1.0f / std::sqrt(static_cast<float>(I)), what + " down_proj"));
+    } else {
+      const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+      std::vector<const model::Mat*> r, gu, dn, sgu, sdn, sg;
+      if (lw) {
+        r = {&lw->moe.router};
+        for (const auto& e : lw->moe.experts) {
+          gu.push_back(&e.gate_proj);
+          gu.push_back(&e.up_proj);
+          dn.push_back(&e.down_proj);
+        }
+        sgu = {&lw->moe.shared_expert.gate_proj, &lw->moe.shared_expert.up_proj};
+        sdn = {&lw->moe.shared_expert.down_proj};
+        sg = {&lw->moe.shared_expert_gate};
+      }
+      DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
+      DF_ASSIGN(L.experts_gu, lay.mat(gu, E * 2 * Im, H, hs, what + " experts gate/up"));
+      L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements
+      DF_ASSIGN(L.experts_down,
+                lay.mat(dn, E * H, Im, 1.0f / std::sqrt(static_cast<float>(Im)), what + " experts down"));
+      L.experts_down.rows = H;
+      DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up"));
+      DF_ASSIGN(L.shared_down,
+                lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
+      DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
+    }
+    layers.push_back(L);
+  }
+  return core::Status();
+}
+
+// Fills the weight allocation: uploads through two pinned staging buffers (copy engine busy while the CPU
+// fills the other), or random fills on the GPU.
+core::Status run_jobs(std::vector<Job>& jobs, uint8_t* base, uint64_t seed, bool progress,
+                      cudaStream_t stream) {
+  size_t total = 0, done = 0;
+  for (const auto& j : jobs) total += j.bytes;
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  bool any_upload = false;
+  for (const auto& j : jobs) any_upload |= !j.random;
+  core::Status st;
+  if (any_upload) {
+    for (int i = 0; i < 2; ++i) {
+      DF_CUDA_TRY(cudaHostAlloc(&staging[i], kStagingBytes, cudaHostAllocDefault));
+      DF_CUDA_TRY(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+    }
+  }
+  const bool bar = progress && isatty(2);
+  int buf = 0, last_pct = -1;
+  for (size_t k = 0; k < jobs.size() && st.is_ok(); ++k) {
+    const Job& j = jobs[k];
+    if (j.random) {
+      st = cuda_status(fill_random(base + j.off, j.dtype, j.n, seed * 1000003u + k, j.scale, j.shift, stream),
+                       "fill_random");
+    } else {
+      const uint8_t* src =
+          static_cast<const uint8_t*>(j.src ? j.src : static_cast<const void*>(j.f32.data()));
+      for (size_t o = 0; o < j.bytes && st.is_ok(); o += kStagingBytes) {
+        const size_t len = std::min(kStagingBytes, j.bytes - o);
+        st = cuda_status(cudaEventSynchronize(ev[buf]), "staging");
+        if (!st.is_ok()) break;
+        std::memcpy(staging[buf], src + o, len);
+        st = cuda_status(cudaMemcpyAsync(base + j.off + o, staging[buf], len, cudaMemcpyHostToDevice, stream),
+                         "weight upload");
+        if (st.is_ok()) st = cuda_status(cudaEventRecord(ev[buf], stream), "staging");
+        buf ^= 1;
+      }
+    }
+    done += j.bytes;
+    const int pct =
+        total ? static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)) : 100;
+    if (bar && pct != last_pct) {
+      std::fprintf(stderr, "\rloading weights to the GPU: %3d%% (%.2f / %.2f GB)", pct, done / 1e9,
+                   total / 1e9);
+      last_pct = pct;
+    }
+  }
+  if (bar) std::fprintf(stderr, "\n");
+  const core::Status sync = cuda_status(cudaStreamSynchronize(stream), "weight upload");
+  for (int i = 0; i < 2; ++i) {
+    if (ev[i]) cudaEventDestroy(ev[i]);
+    if (staging[i]) cudaFreeHost(staging[i]);
+  }
+  DF_TRY(st);
+  return sync;
+}
+
+core::Status check_supported(const model::TextConfig& c) {
+  auto err = [](const std::string& m) { return core::Status(core::Error{"cuda backend: " + m}); };
+  const int64_t dk = c.linear_key_head_dim, hd = c.head_dim;
+  if (c.count_layers(LayerType::kLinearAttention) > 0) {
+    if (dk != 16 && dk != 32 && dk != 64 && dk != 128)
+      return err("linear_key_head_dim " + std::to_string(dk) + " is not one of 16, 32, 64, 128");
+    if (c.linear_value_head_dim > (dk > 64 ? 128 : 256))
+      return err("linear_value_head_dim above 256 (128 when linear_key_head_dim is 128) is not supported");
+    if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+      return err("linear_num_value_heads must be a multiple of linear_num_key_heads");
+    if (c.linear_conv_kernel_dim < 1 || c.linear_conv_kernel_dim > kMaxConvKernel)
+      return err("linear_conv_kernel_dim must be in [1, 8]");
+  }
+  if (c.count_layers(LayerType::kFullAttention) > 0) {
+    if (hd != 32 && hd != 64 && hd != 128 && hd != 256)
+      return err("head_dim " + std::to_string(hd) + " is not one of 32, 64, 128, 256");
+    if (c.num_attention_heads % c.num_key_value_heads != 0 ||
+        c.num_attention_heads / c.num_key_value_heads > 32)
+      return err("num_attention_heads / num_key_value_heads must be a whole number up to 32");
+  }
+  if (c.is_moe() && (c.num_experts > kMaxExperts || c.num_experts_per_tok > kMaxTopK))
+    return err("more than 1024 experts or 32 experts per token is not supported");
+  return core::Status();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Loading and memory
+
+CudaSequenceState::~CudaSequenceState() {
+  if (owner && slot >= 0) owner->release_slot(slot);
+}
+
+core::Status CudaBackend::init_device(const model::TextConfig& c, const CudaOptions& opt) {
+  config_ = c;
+  opt_ = opt;
+  DF_TRY(check_supported(c));
+  if (opt.max_sequences < 1) return core::Error{"cuda backend: max_sequences must be at least 1"};
+  if (opt.prefill_chunk < 1) return core::Error{"cuda backend: prefill_chunk must be at least 1"};
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return core::Error{"cuda backend: no CUDA device is visible"};
+  }
+  if (opt.device < 0 || opt.device >= n)
+    return core::Error{"cuda backend: device " + std::to_string(opt.device) + " does not exist (" +
+                       std::to_string(n) + " visible)"};
+  DF_CUDA_TRY(cudaSetDevice(opt.device));
+  DF_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DF_TRY(gemm_.init(kGemmWorkspace));
+  return core::Status();
+}
+
+core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string& dir,
+                                                               const CudaOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  DF_ASSIGN(model::TextConfig c, model::load_text_config(dir));
+  DF_TRY(b->init_device(c, opt));
+  DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(dir));
+  DF_ASSIGN(model::ModelWeights w, model::bind_weights(b->config_, ck));
+  Layout sizing(0, &w);
+  DF_TRY(lay_out_weights(b->config_, &w, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
+                         b->layers_));
+  DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
+  b->plan_.weights = sizing.size();
+  Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), &w);
+  DF_TRY(
+      lay_out_weights(b->config_, &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_, b->layers_));
+  DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), 0, opt.progress, b->stream_));
+  DF_TRY(b->plan_memory());
+  DF_TRY(b->warm_up());
+  b->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return b;
+}
+
+core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model::TextConfig& c,
+                                                                    const CudaOptions& opt, uint64_t seed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  DF_TRY(b->init_device(c, opt));
+  Layout sizing(0, nullptr);
+  DF_TRY(lay_out_weights(b->config_, nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
+                         b->layers_));
+  DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
+  b->plan_.weights = sizing.size();
+  Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr);
+  DF_TRY(lay_out_weights(b->config_, nullptr, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
+                         b->layers_));
+  DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), seed, false, b->stream_));
+  DF_TRY(b->plan_memory());
+  // A cache of finite values, so attention over a context the benchmark only claims reads real numbers.
+  const core::DType kv_dt = b->plan_.kv_f32 ? core::DType::kF32 : core::DType::kBF16;
+  const int64_t kv_elems = static_cast<int64_t>(b->plan_.kv / 2 / core::dtype_size(kv_dt));
+  DF_CUDA_TRY(fill_random(b->k_cache_, kv_dt, kv_elems, seed + 17, 1.0f, 0.0f, b->stream_));
+  DF_CUDA_TRY(fill_random(b->v_cache_, kv_dt, kv_elems, seed + 18, 1.0f, 0.0f, b->stream_));
+  DF_CUDA_TRY(cudaStreamSynchronize(b->stream_));
+  DF_TRY(b->warm_up());
+  b->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return b;
+}
+
+core::Status CudaBackend::plan_memory() {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t n_lin = c.count_layers(LayerType::kLinearAttention),
+                n_full = c.count_layers(LayerType::kFullAttention);
+  const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim(), nv = c.linear_num_value_heads;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  const int64_t Kc = c.linear_conv_kernel_dim;
+  const int64_t max_ctx =
+      opt_.max_context > 0 ? opt_.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
+  const int slots = opt_.max_sequences + 1;
+  plan_.slots = slots;
+  plan_.max_context = max_ctx;
+  plan_.kv_f32 = opt_.exact;
+  max_splits_ = attention_max_splits(max_ctx);
+
+  // States and KV, one allocation: [conv | gdn | k | v].
+  conv_layer_ = C * (Kc - 1);
+  conv_slot_ = n_lin * conv_layer_;
+  gdn_layer_ = nv * c.linear_key_head_dim * c.linear_value_head_dim;
+  gdn_slot_ = n_lin * gdn_layer_;
+  kv_layer_ = nkv * max_ctx * hd;
+  kv_slot_ = n_full * kv_layer_;
+  const size_t kv_es = opt_.exact ? 4 : 2;
+  const size_t conv_bytes = align_up(static_cast<size_t>(slots * conv_slot_) * 4, 256);
+  const size_t gdn_bytes = align_up(static_cast<size_t>(slots * gdn_slot_) * 4, 256);
+  const size_t kv_bytes = align_up(static_cast<size_t>(slots * kv_slot_) * kv_es, 256);
+  plan_.states = conv_bytes + gdn_bytes;
+  plan_.kv = 2 * kv_bytes;
+  DF_CUDA_TRY(cudaMalloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256)));
+  uint8_t* p = static_cast<uint8_t*>(state_mem_);
+  conv_states_ = reinterpret_cast<float*>(p);
+  gdn_states_ = reinterpret_cast<float*>(p + conv_bytes);
+  k_cache_ = p + conv_bytes + gdn_bytes;
+  v_cache_ = p + conv_bytes + gdn_bytes + kv_bytes;
+  DF_CUDA_TRY(cudaMemsetAsync(state_mem_, 0, plan_.states, stream_));
+  slot_used_.assign(static_cast<size_t>(opt_.max_sequences), false);
+
+  // Activations for max_rows_ tokens.
+  max_rows_ = std::max<int64_t>(opt_.prefill_chunk, kGemvMaxRows);
+  const int64_t R = max_rows_;
+  const int64_t E = c.is_moe() ? c.num_experts : 0, K = c.is_moe() ? c.num_experts_per_tok : 0;
+  const int64_t Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t RK = R * std::max<int64_t>(K, 1);
+  int64_t I = 0;
+  bool any_dense = false;
+  for (const auto& L : layers_)
+    if (!L.is_moe) {
+      any_dense = true;
+      I = std::max(I, L.down.cols);
+    }
+  int64_t Pmax = 1;
+  if (n_lin) Pmax = std::max(Pmax, C + vd + 2 * nv);
+  if (n_full) Pmax = std::max(Pmax, nh * qw + 2 * nkv * hd);
+  if (any_dense) Pmax = std::max(Pmax, 2 * I);
+  if (E) Pmax = std::max(Pmax, 2 * Is);
+  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
+  const int64_t part = std::max(R * nh * hd, int64_t{kGemvMaxRows} * nh * max_splits_ * hd);
+  const int64_t part_ml = std::max(R * nh * 2, int64_t{kGemvMaxRows} * nh * max_splits_ * 2);
+
+  struct Buf {
+    void** p;
+    size_t bytes;
+  };
+  std::vector<Buf> bufs;
+  auto f = [&](float*& ptr, int64_t n) {
+    bufs.push_back({reinterpret_cast<void**>(&ptr), static_cast<size_t>(n) * 4});
+  };
+  auto i = [&](int*& ptr, int64_t n) {
+    bufs.push_back({reinterpret_cast<void**>(&ptr), static_cast<size_t>(n) * 4});
+  };
+  f(ws_.h, R * H);
+  f(ws_.xn, R * H);
+  f(ws_.y, R * H);
+  f(ws_.proj, R * Pmax);
+  f(ws_.conv, n_lin ? R * C : 1);
+  f(ws_.gdn, n_lin ? R * vd : 1);
+  f(ws_.q, n_full ? R * nh * hd : 1);
+  f(ws_.attn, n_full ? R * nh * hd : 1);
+  f(ws_.part_acc, n_full ? part : 1);
+  f(ws_.part_ml, n_full ? part_ml : 1);
+  f(ws_.act, R * std::max<int64_t>({I, Is, 1}));
+  f(ws_.router, E ? R * E : 1);
+  f(ws_.moe_w, E ? RK : 1);
+  f(ws_.gu_s, E ? RK * 2 * Im : 1);
+  f(ws_.act_s, E ? RK * Im : 1);
+  f(ws_.y_slot, E ? RK * H : 1);
+  f(ws_.xs, E ? RK * H : 1);
+  f(ws_.ys, E ? RK * H : 1);
+  f(ws_.y_shared, E ? R * H : 1);
+  f(ws_.shared_gate, E ? R : 1);
+  f(ws_.logits, std::max<int64_t>(kLogitRows, kGemvMaxRows) * V);
+  i(ws_.moe_ids, E ? RK : 1);
+  i(ws_.sort_tok, E ? RK : 1);
+  i(ws_.sort_slot, E ? RK : 1);
+  i(ws_.ids, R);
+  i(ws_.pos, R);
+  i(ws_.slot, R);
+  i(ws_.out_ids, kGemvMaxRows);
+  ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
+  bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
+  size_t total = 0;
+  for (const auto& b : bufs) total = align_up(total, 256) + b.bytes;
+  plan_.workspace = total;
+  DF_CUDA_TRY(cudaMalloc(&ws_mem_, total));
+  size_t off = 0;
+  for (const auto& b : bufs) {
+    off = align_up(off, 256);
+    *b.p = static_cast<uint8_t*>(ws_mem_) + off;
+    off += b.bytes;
+  }
+  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK].
+  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), static_cast<size_t>(3 * R + 32 + 3 * RK) * 4,
+                            cudaHostAllocDefault));
+  DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return core::Status();
+}
+
+core::Status CudaBackend::warm_up() {
+  if (!opt_.cuda_graphs) return core::Status();
+  for (int bi = 0; bi < 6; ++bi) {
+    const int B = kBuckets[bi];
+    // Stage harmless rows (scratch slot, position 0) so the capture's host copies read defined values.
+    for (int r = 0; r < B; ++r) {
+      pinned_[r] = 0;
+      pinned_[max_rows_ + r] = 0;
+      pinned_[2 * max_rows_ + r] = opt_.max_sequences;
+    }
+    DF_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const core::Status st = enqueue_decode(B);
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    if (!st.is_ok()) {
+      if (g) cudaGraphDestroy(g);
+      return st;
+    }
+    DF_CUDA_TRY(e);
+    const cudaError_t ie = cudaGraphInstantiate(&graphs_[static_cast<size_t>(bi)], g, 0);
+    cudaGraphDestroy(g);
+    DF_CUDA_TRY(ie);
+  }
+  return core::Status();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& g : graphs_)
+    if (g) cudaGraphExecDestroy(g);
+  if (pinned_) cudaFreeHost(pinned_);
+  if (ws_mem_) cudaFree(ws_mem_);
+  if (state_mem_) cudaFree(state_mem_);
+  if (weights_mem_) cudaFree(weights_mem_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sequences
+
+std::unique_ptr<SequenceState> CudaBackend::new_sequence() {
+  auto s = std::make_unique<CudaSequenceState>();
+  s->owner = this;
+  for (size_t i = 0; i < slot_used_.size(); ++i) {
+    if (slot_used_[i]) continue;
+    // A fresh sequence starts from zero conv and recurrent state (the KV cache needs no clearing: only
+    // positions < length are read).
+    if (cudaMemsetAsync(conv_states_ + static_cast<int64_t>(i) * conv_slot_, 0,
+                        static_cast<size_t>(conv_slot_) * 4, stream_) != cudaSuccess ||
+        cudaMemsetAsync(gdn_states_ + static_cast<int64_t>(i) * gdn_slot_, 0,
+                        static_cast<size_t>(gdn_slot_) * 4, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      break;  // reported as "no slot" by prefill/decode
+    }
+    slot_used_[i] = true;
+    s->slot = static_cast<int>(i);
+    break;
+  }
+  return s;
+}
+
+void CudaBackend::release_slot(int slot) {
+  if (slot >= 0 && static_cast<size_t>(slot) < slot_used_.size())
+    slot_used_[static_cast<size_t>(slot)] = false;
+}
+
+core::Status CudaBackend::set_length(SequenceState& s, int64_t length) {
+  auto* cs = dynamic_cast<CudaSequenceState*>(&s);
+  if (!cs || cs->owner != this) return core::Error{"cuda backend: sequence state from another backend"};
+  if (length < 0 || length >= plan_.max_context)
+    return core::Error{"cuda backend: length " + std::to_string(length) + " is outside the cache (" +
+                       std::to_string(plan_.max_context) + " positions)"};
+  cs->pos = length;
+  return core::Status();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The forward pass
+
+core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
+                                 bool force_fp32) {
+  const bool use_gemm = !force_fp32 && !opt_.exact && T > kGemvMaxRows &&
+                        (W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16) && W.cols % 8 == 0 &&
+                        static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
+  if (use_gemm) {
+    DF_CUDA_TRY(convert_rows(x, ldx, T, W.cols, ws_.x16, W.dtype, stream_));
+    return gemm_.run(W.data, W.dtype, W.rows, W.cols, ws_.x16, T, y, ldy, stream_);
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, T - t0));
+    DF_CUDA_TRY(gemv(W.data, W.dtype, W.rows, W.cols, x + t0 * ldx, ldx, rows, y + t0 * ldy, ldy, stream_));
+  }
+  return core::Status();
+}
+
+core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefill, int slot) {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, C = c.linear_conv_dim(), vd = c.linear_value_dim(),
+                nv = c.linear_num_value_heads;
+  const int64_t P = C + vd + 2 * nv;
+  const int K = static_cast<int>(c.linear_conv_kernel_dim);
+  // [q k v | z | b | a] = x @ in_proj^T
+  DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P));
+  float* conv_base = conv_states_ + L.type_index * conv_layer_;
+  if (prefill) {
+    DF_CUDA_TRY(causal_conv1d_prefill(ws_.proj, P, n, C, L.conv_w, K, conv_base + slot * conv_slot_, ws_.conv,
+                                      C, stream_));
+  } else {
+    DF_CUDA_TRY(causal_conv1d_decode(ws_.proj, P, static_cast<int>(n), C, L.conv_w, K, conv_base, conv_slot_,
+                                     ws_.slot, ws_.conv, C, stream_));
+  }
+  GdnArgs g;
+  g.conv = ws_.conv;
+  g.ld_conv = C;
+  g.z = ws_.proj + C;
+  g.b = ws_.proj + C + vd;
+  g.a = ws_.proj + C + vd + nv;
+  g.ld_proj = P;
+  g.A_log = L.A_log;
+  g.dt_bias = L.dt_bias;
+  g.norm_w = L.gdn_norm;
+  g.nk = static_cast<int>(c.linear_num_key_heads);
+  g.nv = static_cast<int>(nv);
+  g.dk = static_cast<int>(c.linear_key_head_dim);
+  g.dv = static_cast<int>(c.linear_value_head_dim);
+  g.eps = static_cast<float>(c.rms_norm_eps);
+  g.n_seqs = prefill ? 1 : static_cast<int>(n);
+  g.tokens_per_seq = prefill ? static_cast<int>(n) : 1;
+  g.states = gdn_states_ + L.type_index * gdn_layer_;
+  g.slot_stride = gdn_slot_;
+  g.slots = ws_.slot;
+  g.out = ws_.gdn;
+  g.ld_out = vd;
+  DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
+  return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
+}
+
+core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefill) {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd, Q = nh * qw + 2 * nkv * hd;
+  DF_TRY(linear(ws_.xn, H, n, L.qkv, ws_.proj, Q));
+  const size_t es = plan_.kv_f32 ? 4 : 2;
+  KvCache kv;
+  kv.k = static_cast<uint8_t*>(k_cache_) + static_cast<size_t>(L.type_index * kv_layer_) * es;
+  kv.v = static_cast<uint8_t*>(v_cache_) + static_cast<size_t>(L.type_index * kv_layer_) * es;
+  kv.f32 = plan_.kv_f32;
+  kv.slot_stride = kv_slot_;
+  kv.max_ctx = plan_.max_context;
+
+  QkvArgs qa;
+  qa.qkv = ws_.proj;
+  qa.ld = Q;
+  qa.n_tokens = static_cast<int>(n);
+  qa.nh = static_cast<int>(nh);
+  qa.nkv = static_cast<int>(nkv);
+  qa.hd = static_cast<int>(hd);
+  qa.rot = static_cast<int>(c.rotary_dim());
+  qa.gated = c.attn_output_gate;
+  qa.q_norm = L.q_norm;
+  qa.k_norm = L.k_norm;
+  qa.eps = static_cast<float>(c.rms_norm_eps);
+  qa.inv_freq = inv_freq_;
+  qa.tok_pos = ws_.pos;
+  qa.tok_slot = ws_.slot;
+  qa.q_out = ws_.q;
+  qa.cache = kv;
+  DF_CUDA_TRY(qk_norm_rope_store(qa, stream_));
+
+  AttnArgs aa;
+  aa.q = ws_.q;
+  aa.cache = kv;
+  aa.n_tokens = static_cast<int>(n);
+  aa.nh = static_cast<int>(nh);
+  aa.nkv = static_cast<int>(nkv);
+  aa.hd = static_cast<int>(hd);
+  aa.tok_pos = ws_.pos;
+  aa.tok_slot = ws_.slot;
+  aa.prefill = prefill;
+  aa.max_splits = max_splits_;
+  aa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  aa.part_acc = ws_.part_acc;
+  aa.part_ml = ws_.part_ml;
+  if (c.attn_output_gate) {
+    aa.gate = ws_.proj + hd;  // per head [q | gate]
+    aa.gate_ld = Q;
+    aa.gate_head_stride = qw;
+  }
+  aa.out = ws_.attn;
+  DF_CUDA_TRY(attention(aa, stream_));
+  return linear(ws_.attn, nh * hd, n, L.o_proj, ws_.y, H);
+}
+
+core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
+  if (L.is_moe) return moe(L, n);
+  const int64_t H = config_.hidden_size, I = L.down.cols;
+  // down(silu(gate(x)) * up(x))
+  DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.proj, 2 * I));
+  DF_CUDA_TRY(swiglu(ws_.proj, 2 * I, n, I, ws_.act, I, stream_));
+  return linear(ws_.act, I, n, L.down, ws_.y, H);
+}
+
+core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t Im = L.experts_down.cols, Is = L.shared_down.cols, nk = n * K;
+  const size_t es = core::dtype_size(L.experts_gu.dtype);
+  // Router in fp32 whatever the mode: a near tie between experts must not flip on rounding.
+  DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
+  const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
+  DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
+                        ws_.moe_w, stream_));
+  if (n <= kGemvMaxRows) {
+    // Decode: one GEMV problem per (token, chosen expert), expert ids read on the device.
+    DF_CUDA_TRY(gemv_grouped(L.experts_gu.data, L.experts_gu.dtype, 2 * Im, H, 2 * Im * H, ws_.moe_ids,
+                             static_cast<int>(nk), ws_.xn, H, static_cast<int>(K), ws_.gu_s, 2 * Im,
+                             stream_));
+    DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
+    DF_CUDA_TRY(gemv_grouped(L.experts_down.data, L.experts_down.dtype, H, Im, H * Im, ws_.moe_ids,
+                             static_cast<int>(nk), ws_.act_s, Im, 1, ws_.y_slot, H, stream_));
+  } else {
+    // Prefill: sort the (token, k) slots by expert on the host, then one matmul per expert over its rows.
+    const int64_t R = max_rows_, RK = R * K;
+    int* p_tok = pinned_ + 3 * R + 32;
+    int* p_slot = p_tok + RK;
+    int* p_ids = p_slot + RK;
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(p_ids, ws_.moe_ids, static_cast<size_t>(nk) * 4, cudaMemcpyDeviceToHost, stream_));
+    DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
+    for (int64_t s = 0; s < nk; ++s) {
+      if (p_ids[s] < 0 || p_ids[s] >= E)
+        return core::Error{"cuda backend: router produced an invalid expert"};
+      ++count[static_cast<size_t>(p_ids[s]) + 1];
+    }
+    for (int64_t e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];
+    std::vector<int64_t> fill(count.begin(), count.end() - 1);
+    for (int64_t s = 0; s < nk; ++s) {
+      const int64_t at = fill[static_cast<size_t>(p_ids[s])]++;
+      p_slot[at] = static_cast<int>(s);
+      p_tok[at] = static_cast<int>(s / K);
+    }
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+      if (cnt == 0) continue;
+      DMat gu = L.experts_gu;
+      gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
+      DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
+    }
+    DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+      if (cnt == 0) continue;
+      DMat dn = L.experts_down;
+      dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
+      DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
+    }
+    DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
+  }
+  // Shared expert, gated by sigmoid(x . shared_expert_gate).
+  DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
+  DF_CUDA_TRY(swiglu(ws_.proj, 2 * Is, n, Is, ws_.act, Is, stream_));
+  DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
+  DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
+  DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_shared, ws_.shared_gate,
+                          ws_.y, stream_));
+  return core::Status();
+}
+
+core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  DF_CUDA_TRY(embedding_gather(embed_.data, embed_.dtype, H, ws_.ids, n, ws_.h, stream_));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DLayer& L = layers_[l];
+    // h += ffn output of the previous layer; xn = RMSNorm1p(h)
+    DF_CUDA_TRY(add_rmsnorm1p(ws_.h, l == 0 ? nullptr : ws_.y, n, H, L.input_norm, eps, ws_.xn, stream_));
+    if (L.type == LayerType::kFullAttention) {
+      DF_TRY(full_attention(L, n, prefill));
+    } else {
+      DF_TRY(gated_deltanet(L, n, prefill, slot));
+    }
+    DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, L.post_norm, eps, ws_.xn, stream_));
+    DF_TRY(ffn(L, n));
+  }
+  DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, final_norm_, eps, ws_.xn, stream_));
+  return core::Status();
+}
+
+core::Status CudaBackend::lm_head(int64_t r0, int64_t rows) {
+  return linear(ws_.xn + r0 * config_.hidden_size, config_.hidden_size, rows, lm_head_, ws_.logits,
+                config_.vocab_size);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Entry points
+
+namespace {
+
+core::Status check_ids(std::span<const int32_t> tokens, int64_t V) {
+  for (int32_t id : tokens)
+    if (id < 0 || id >= V)
+      return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(V) + ")"};
+  return core::Status();
+}
+
+}  // namespace
+
+core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float>& logits) {
+  auto* s = dynamic_cast<CudaSequenceState*>(item.state);
+  if (!s || s->owner != this) return core::Error{"cuda backend: sequence state from another backend"};
+  if (s->slot < 0)
+    return core::Error{"cuda backend: no free sequence slot (max_sequences " +
+                       std::to_string(opt_.max_sequences) + ")"};
+  const int64_t T = static_cast<int64_t>(item.tokens.size()), V = config_.vocab_size;
+  if (T == 0) return core::Error{"forward: no tokens"};
+  DF_TRY(check_ids(item.tokens, V));
+  const int64_t limit = std::min<int64_t>(config_.max_position_embeddings, plan_.max_context);
+  if (s->pos + T > limit)
+    return core::Error{
+        "sequence length " + std::to_string(s->pos + T) + " exceeds " +
+        (limit == config_.max_position_embeddings ? "max_position_embeddings " : "the KV cache of ") +
+        std::to_string(limit)};
+  const int64_t R = max_rows_;
+  for (int64_t off = 0; off < T; off += R) {
+    const int64_t n = std::min(R, T - off);
+    for (int64_t i = 0; i < n; ++i) {
+      pinned_[i] = item.tokens[static_cast<size_t>(off + i)];
+      pinned_[R + i] = static_cast<int>(s->pos + i);
+      pinned_[2 * R + i] = s->slot;
+    }
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.ids, pinned_, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.pos, pinned_ + R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
+                                stream_));
+    DF_TRY(run_layers(n, /*prefill=*/true, s->slot));
+    const bool last = off + n == T;
+    const int64_t first = item.all_logits ? 0 : (last ? n - 1 : n);
+    for (int64_t r0 = first; r0 < n; r0 += kLogitRows) {
+      const int64_t rows = std::min(kLogitRows, n - r0);
+      DF_TRY(lm_head(r0, rows));
+      const size_t at = logits.size();
+      logits.resize(at + static_cast<size_t>(rows * V));
+      DF_CUDA_TRY(cudaMemcpyAsync(logits.data() + at, ws_.logits, static_cast<size_t>(rows * V) * 4,
+                                  cudaMemcpyDeviceToHost, stream_));
+    }
+    DF_CUDA_TRY(cudaStreamSynchronize(stream_));  // the staging buffers are reused by the next chunk
+    s->pos += n;
+  }
+  return core::Status();
+}
+
+core::Status CudaBackend::prefill(std::span<const PrefillItem> items, std::vector<float>& logits) {
+  logits.clear();
+  for (const auto& it : items) DF_TRY(prefill_one(it, logits));
+  return core::Status();
+}
+
+core::Status CudaBackend::enqueue_decode(int bucket) {
+  const int64_t R = max_rows_;
+  const size_t b = static_cast<size_t>(bucket) * 4;
+  DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
+  DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
+  DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
+  DF_TRY(run_layers(bucket, /*prefill=*/false, -1));
+  DF_TRY(lm_head(0, bucket));
+  DF_CUDA_TRY(argmax_rows(ws_.logits, bucket, config_.vocab_size, ws_.out_ids, stream_));
+  DF_CUDA_TRY(cudaMemcpyAsync(pinned_ + 3 * R, ws_.out_ids, b, cudaMemcpyDeviceToHost, stream_));
+  return core::Status();
+}
+
+core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                                      std::vector<float>* logits, std::vector<int32_t>* ids) {
+  if (seqs.size() != tokens.size()) return core::Error{"decode: one token per sequence"};
+  const int64_t V = config_.vocab_size, n = static_cast<int64_t>(seqs.size());
+  DF_TRY(check_ids(tokens, V));
+  const int64_t limit = std::min<int64_t>(config_.max_position_embeddings, plan_.max_context);
+  std::vector<CudaSequenceState*> ss;
+  for (auto* s : seqs) {
+    auto* cs = dynamic_cast<CudaSequenceState*>(s);
+    if (!cs || cs->owner != this) return core::Error{"cuda backend: sequence state from another backend"};
+    if (cs->slot < 0)
+      return core::Error{"cuda backend: no free sequence slot (max_sequences " +
+                         std::to_string(opt_.max_sequences) + ")"};
+    if (cs->pos + 1 > limit)
+      return core::Error{"sequence length " + std::to_string(cs->pos + 1) + " exceeds " +
+                         std::to_string(limit)};
+    ss.push_back(cs);
+  }
+  for (size_t i = 0; i < ss.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (ss[i] == ss[j]) return core::Error{"decode: a sequence appears twice in one batch"};
+  if (logits) {
+    logits->clear();
+    logits->resize(static_cast<size_t>(n * V));
+  }
+  if (ids) ids->clear();
+  const int64_t R = max_rows_;
+  for (int64_t g0 = 0; g0 < n; g0 += kGemvMaxRows) {
+    const int64_t m = std::min<int64_t>(kGemvMaxRows, n - g0);
+    const int bi = bucket_index(m), B = kBuckets[bi];
+    for (int64_t r = 0; r < B; ++r) {
+      const bool real = r < m;
+      pinned_[r] = real ? tokens[static_cast<size_t>(g0 + r)] : 0;
+      pinned_[R + r] = real ? static_cast<int>(ss[static_cast<size_t>(g0 + r)]->pos) : 0;
+      pinned_[2 * R + r] = real ? ss[static_cast<size_t>(g0 + r)]->slot : opt_.max_sequences;  // scratch slot
+    }
+    if (opt_.cuda_graphs && graphs_[static_cast<size_t>(bi)]) {
+      DF_CUDA_TRY(cudaGraphLaunch(graphs_[static_cast<size_t>(bi)], stream_));
+    } else {
+      DF_TRY(enqueue_decode(B));
+    }
+    if (logits)
+      DF_CUDA_TRY(cudaMemcpyAsync(logits->data() + g0 * V, ws_.logits, static_cast<size_t>(m * V) * 4,
+                                  cudaMemcpyDeviceToHost, stream_));
+    DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (ids)
+      for (int64_t r = 0; r < m; ++r) ids->push_back(pinned_[3 * R + r]);
+    for (int64_t r = 0; r < m; ++r) ss[static_cast<size_t>(g0 + r)]->pos += 1;
+  }
+  return core::Status();
+}
+
+core::Status CudaBackend::decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                                 std::vector<float>& logits) {
+  return decode_impl(seqs, tokens, &logits, nullptr);
+}
+
+core::Status CudaBackend::decode_greedy(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                                        std::vector<int32_t>& ids) {
+  return decode_impl(seqs, tokens, nullptr, &ids);
+}
+
+}  // namespace deltaflow::backend::cuda

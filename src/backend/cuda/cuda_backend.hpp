@@ -1,0 +1,196 @@
+// The CUDA backend (DESIGN.md §3, §6): the same forward pass as backend/cpu, on one GPU. Weights are uploaded
+// at load in the checkpoint's element type (projection groups concatenated: [q k v | z | b | a], [gate | up],
+// ...); the KV cache, the recurrent states and every activation buffer are planned at load, so decode
+// allocates nothing, and the decode step of each batch-size bucket is captured once as a CUDA graph.
+//
+// Numerics: activations are fp32. By default prefill matmuls over more than kGemvMaxRows rows go through
+// cuBLASLt with the activations rounded to the weights' 16-bit type, and the KV cache is bf16. `exact` keeps
+// fp32 into every matmul and an fp32 KV cache: the CPU reference's numbers to fp32 rounding (the tests use
+// both).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/gemm.hpp"
+#include "core/dtype.hpp"
+#include "model/config.hpp"
+
+namespace deltaflow::backend::cuda {
+
+struct CudaOptions {
+  int device = 0;
+  int max_sequences = 4;         // sequences alive at once (state slots)
+  int64_t max_context = 0;       // KV cache positions per sequence; 0: min(max_position_embeddings, 32768)
+  int64_t prefill_chunk = 4096;  // a longer prompt runs in chunks of this many tokens
+  bool exact = false;            // fp32 into every matmul and an fp32 KV cache
+  bool cuda_graphs = true;       // capture the decode step per batch-size bucket
+  bool progress = false;         // a load progress bar on stderr (only when it is a terminal)
+};
+
+// A device matrix [rows, cols], row-major, in the checkpoint's element type.
+struct DMat {
+  const void* data = nullptr;
+  core::DType dtype = core::DType::kBF16;
+  int64_t rows = 0, cols = 0;
+  size_t bytes() const { return static_cast<size_t>(rows * cols) * core::dtype_size(dtype); }
+};
+
+// One decoder layer on the device. Vectors are fp32.
+struct DLayer {
+  model::LayerType type = model::LayerType::kLinearAttention;
+  bool is_moe = false;
+  int64_t type_index = 0;       // n-th layer of its type (index into the state / KV stores)
+  float* input_norm = nullptr;  // [H], (1+w)
+  float* post_norm = nullptr;   // [H], (1+w)
+  // Gated DeltaNet
+  DMat in_proj;               // [conv_dim + vd + 2 nv, H]: rows [q k v (conv input) | z | b | a]
+  float* conv_w = nullptr;    // [conv_dim, K]
+  float* dt_bias = nullptr;   // [nv]
+  float* A_log = nullptr;     // [nv]
+  float* gdn_norm = nullptr;  // [dv], plain weight
+  DMat out_proj;              // [H, vd]
+  // Gated attention
+  DMat qkv;                 // [nh*hd*(1+gated) + 2 nkv*hd, H]: rows [q_proj | k_proj | v_proj]
+  float* q_norm = nullptr;  // [hd], (1+w)
+  float* k_norm = nullptr;  // [hd], (1+w)
+  DMat o_proj;              // [H, nh*hd]
+  // Dense FFN
+  DMat gate_up;  // [2I, H]: rows [gate | up]
+  DMat down;     // [H, I]
+  // MoE
+  DMat router;        // [E, H]
+  DMat experts_gu;    // expert e at data + e * 2Im*H elements: [2Im, H] rows [gate | up]
+  DMat experts_down;  // expert e at data + e * H*Im elements: [H, Im]
+  DMat shared_gu;     // [2Is, H]
+  DMat shared_down;   // [H, Is]
+  DMat shared_gate;   // [1, H]
+};
+
+struct MemoryPlan {
+  size_t weights = 0, kv = 0, states = 0, workspace = 0;
+  int slots = 0;  // max_sequences + 1 scratch slot (pads graph buckets)
+  int64_t max_context = 0;
+  bool kv_f32 = false;
+};
+
+class CudaBackend;
+
+class CudaSequenceState final : public SequenceState {
+ public:
+  ~CudaSequenceState() override;
+  int64_t length() const override { return pos; }
+  int slot = -1;  // -1: no slot was free
+  int64_t pos = 0;
+  CudaBackend* owner = nullptr;  // must outlive the state
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Opens DIR (config.json + safetensors) and uploads the weights.
+  static core::Expected<std::unique_ptr<CudaBackend>> load(const std::string& dir,
+                                                           const CudaOptions& opt = {});
+  // Random weights of the config's shapes, filled on the GPU (benchmarks: speed does not depend on values).
+  static core::Expected<std::unique_ptr<CudaBackend>> synthetic(const model::TextConfig& config,
+                                                                const CudaOptions& opt, uint64_t seed);
+  ~CudaBackend() override;
+
+  const model::TextConfig& config() const override { return config_; }
+  const char* name() const override { return "cuda"; }
+
+  std::unique_ptr<SequenceState> new_sequence() override;
+  core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) override;
+  core::Status decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                      std::vector<float>& logits) override;
+  // decode with greedy sampling on the GPU: ids[i] = argmax of sequence i's next-token logits; no logits
+  // cross to the host.
+  core::Status decode_greedy(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                             std::vector<int32_t>& ids);
+
+  const MemoryPlan& memory_plan() const { return plan_; }
+  const CudaOptions& options() const { return opt_; }
+  double load_seconds() const { return load_seconds_; }
+  uint64_t weight_bytes() const { return plan_.weights; }
+  cudaStream_t stream() const { return stream_; }
+  // Benchmarks only: make `s` claim `length` tokens without running them (the cache holds what it holds).
+  core::Status set_length(SequenceState& s, int64_t length);
+
+  void release_slot(int slot);
+
+ private:
+  CudaBackend() = default;
+  core::Status init_device(const model::TextConfig& c, const CudaOptions& opt);
+  core::Status plan_memory();
+  core::Status warm_up();
+
+  // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots. prefill: one
+  // sequence (in `slot`) at consecutive positions; else one token per sequence. Leaves the final-normed rows
+  // in ws_.xn.
+  core::Status run_layers(int64_t n, bool prefill, int slot);
+  core::Status gated_deltanet(const DLayer& L, int64_t n, bool prefill, int slot);
+  core::Status full_attention(const DLayer& L, int64_t n, bool prefill);
+  core::Status ffn(const DLayer& L, int64_t n);
+  core::Status moe(const DLayer& L, int64_t n);
+  // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
+  core::Status linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
+                      bool force_fp32 = false);
+  // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
+  core::Status lm_head(int64_t r0, int64_t rows);
+  core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);
+  // Enqueues one decode step of `bucket` rows from the staged ids/positions/slots (graph body).
+  core::Status enqueue_decode(int bucket);
+  core::Status decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                           std::vector<float>* logits, std::vector<int32_t>* ids);
+
+  model::TextConfig config_;
+  CudaOptions opt_;
+  MemoryPlan plan_;
+  double load_seconds_ = 0;
+  cudaStream_t stream_ = nullptr;
+  Gemm gemm_;
+
+  // Weights: one device allocation.
+  void* weights_mem_ = nullptr;
+  DMat embed_, lm_head_;
+  float* final_norm_ = nullptr;
+  float* inv_freq_ = nullptr;  // [rot / 2]
+  std::vector<DLayer> layers_;
+
+  // Per-slot state: [slots][n_linear][conv_dim][K-1] and [slots][n_linear][nv][dk][dv] fp32;
+  // KV [slots][n_full][nkv][max_ctx][hd].
+  void* state_mem_ = nullptr;
+  float* conv_states_ = nullptr;
+  float* gdn_states_ = nullptr;
+  void* k_cache_ = nullptr;
+  void* v_cache_ = nullptr;
+  int64_t conv_layer_ = 0, conv_slot_ = 0, gdn_layer_ = 0, gdn_slot_ = 0, kv_layer_ = 0, kv_slot_ = 0;
+  std::vector<bool> slot_used_;
+
+  // Activations, sized for max_rows_ tokens.
+  struct Workspace {
+    float *h = nullptr, *xn = nullptr, *y = nullptr, *proj = nullptr, *conv = nullptr, *gdn = nullptr;
+    float *q = nullptr, *attn = nullptr, *part_acc = nullptr, *part_ml = nullptr, *act = nullptr;
+    float *router = nullptr, *moe_w = nullptr, *gu_s = nullptr, *act_s = nullptr, *y_slot = nullptr;
+    float *xs = nullptr, *ys = nullptr, *y_shared = nullptr, *shared_gate = nullptr, *logits = nullptr;
+    int *moe_ids = nullptr, *sort_tok = nullptr, *sort_slot = nullptr;
+    int *ids = nullptr, *pos = nullptr, *slot = nullptr, *out_ids = nullptr;
+    void* x16 = nullptr;
+    size_t x16_elems = 0;
+  } ws_;
+  void* ws_mem_ = nullptr;
+  int64_t max_rows_ = 0;  // tokens one forward takes (prefill chunk, or a decode bucket)
+  int max_splits_ = 1;
+
+  // Pinned staging: ids, positions and slots of a step (3 x max_rows_ ints), MoE sort order, sampled ids.
+  int* pinned_ = nullptr;
+  std::vector<int> host_moe_ids_;
+
+  std::array<cudaGraphExec_t, 6> graphs_{};  // buckets 1, 2, 4, 8, 16, 32
+};
+
+}  // namespace deltaflow::backend::cuda

@@ -1,0 +1,167 @@
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/elementwise.cuh"
+
+namespace deltaflow::backend::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void kernel_swiglu(const float* __restrict__ gu, int64_t ld_gu, int64_t T, int64_t I,
+                              float* __restrict__ out, int64_t ld_out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= T * I) return;
+  const int64_t t = idx / I, i = idx % I;
+  out[t * ld_out + i] = silu_f(gu[t * ld_gu + i]) * gu[t * ld_gu + I + i];
+}
+
+template <class T>
+__global__ void kernel_convert(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K,
+                               T* __restrict__ out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= rows * K) return;
+  const int64_t t = idx / K, k = idx % K;
+  out[idx] = from_f32<T>(x[t * ldx + k]);
+}
+
+__global__ void kernel_gather(const float* __restrict__ src, int64_t ld_src, const int* __restrict__ rows,
+                              int64_t cols, float* __restrict__ dst, int64_t ld_dst) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + static_cast<int64_t>(rows[i]) * ld_src;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) dst[i * ld_dst + c] = s[c];
+}
+
+__global__ void kernel_scatter(const float* __restrict__ src, int64_t ld_src, const int* __restrict__ rows,
+                               int64_t cols, float* __restrict__ dst, int64_t ld_dst) {
+  const int64_t i = blockIdx.x;
+  float* d = dst + static_cast<int64_t>(rows[i]) * ld_dst;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) d[c] = src[i * ld_src + c];
+}
+
+// (value, index) pairs: larger value wins, then lower index; NaN is below everything.
+__device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
+  if (isnan(v)) return false;
+  if (isnan(bv)) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    kernel_argmax(const float* __restrict__ x, int64_t V, int* out) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * V;
+  float bv = NAN;  // "none yet": any number beats NaN
+  int64_t bi = V;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads)
+    if (better(row[i], i, bv, bi)) {
+      bv = row[i];
+      bi = i;
+    }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) {
+    sv[w] = bv;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int j = 1; j < kArgmaxThreads / 32; ++j)
+      if (better(sv[j], si[j], bv, bi)) {
+        bv = sv[j];
+        bi = si[j];
+      }
+    out[blockIdx.x] = bi < V ? static_cast<int>(bi) : 0;  // all NaN: 0
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+template <class T>
+__global__ void kernel_fill(T* __restrict__ p, int64_t n, uint64_t seed, float scale, float shift) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(h >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+    p[i] = from_f32<T>(shift + scale * u);
+  }
+}
+
+}  // namespace
+
+cudaError_t swiglu(const float* gu, int64_t ld_gu, int64_t T, int64_t I, float* out, int64_t ld_out,
+                   cudaStream_t stream) {
+  if (T * I == 0) return cudaSuccess;
+  kernel_swiglu<<<grid_1d(T * I, kThreads), kThreads, 0, stream>>>(gu, ld_gu, T, I, out, ld_out);
+  return cudaGetLastError();
+}
+
+cudaError_t convert_rows(const float* x, int64_t ldx, int64_t T, int64_t K, void* out, core::DType dtype,
+                         cudaStream_t stream) {
+  if (T * K == 0) return cudaSuccess;
+  const unsigned g = grid_1d(T * K, kThreads);
+  if (dtype == core::DType::kBF16) {
+    kernel_convert<<<g, kThreads, 0, stream>>>(x, ldx, T, K, static_cast<__nv_bfloat16*>(out));
+  } else if (dtype == core::DType::kF16) {
+    kernel_convert<<<g, kThreads, 0, stream>>>(x, ldx, T, K, static_cast<__half*>(out));
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t gather_rows(const float* src, int64_t ld_src, const int* rows, int64_t n, int64_t cols,
+                        float* dst, int64_t ld_dst, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  kernel_gather<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(src, ld_src, rows, cols, dst, ld_dst);
+  return cudaGetLastError();
+}
+
+cudaError_t scatter_rows(const float* src, int64_t ld_src, const int* rows, int64_t n, int64_t cols,
+                         float* dst, int64_t ld_dst, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  kernel_scatter<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(src, ld_src, rows, cols, dst, ld_dst);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax_rows(const float* x, int64_t rows, int64_t V, int* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  kernel_argmax<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, V, out);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_random(void* p, core::DType dtype, int64_t n, uint64_t seed, float scale, float shift,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned g = static_cast<unsigned>(std::min<int64_t>(grid_1d(n, kThreads), 65536));
+  switch (dtype) {
+    case core::DType::kBF16:
+      kernel_fill<<<g, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale, shift);
+      break;
+    case core::DType::kF16:
+      kernel_fill<<<g, kThreads, 0, stream>>>(static_cast<__half*>(p), n, seed, scale, shift);
+      break;
+    case core::DType::kF32:
+      kernel_fill<<<g, kThreads, 0, stream>>>(static_cast<float*>(p), n, seed, scale, shift);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace deltaflow::backend::cuda

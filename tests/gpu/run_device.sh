@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs the CUDA checks and benchmarks on the GPU machine from binaries built elsewhere (it has no -dev packages):
+#   BIN=<folder with df_gpu_tests and deltaflow> OUT=<log folder> tests/gpu/run_device.sh [tests] [bench] [memcheck]
+# The test binary has the fixtures' absolute path compiled in (DF_FIXTURES); FIXTURE_ROOT is where that path
+# should point (the checkout this runs in).
+set -u
+BIN=${BIN:-build-cuda-carry}
+# `deltaflow bench`, or df_bench (the same command linked without the HTTP server's shared libraries).
+BENCH=${BENCH:-$BIN/deltaflow}
+[ -x "$BIN/df_bench" ] && BENCH="$BIN/df_bench bench"
+OUT=${OUT:-/tmp/df_out}
+FIXTURE_ROOT=${FIXTURE_ROOT:-/work/main}
+mkdir -p "$OUT"
+what=${*:-tests bench}
+
+if [ ! -e "$FIXTURE_ROOT/tests/fixtures" ]; then
+  mkdir -p "$(dirname "$FIXTURE_ROOT")" && ln -sfn "$PWD" "$FIXTURE_ROOT"
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+section() { echo; echo "=== $* ($(date +%T))"; }
+
+for w in $what; do
+  case $w in
+    tests)
+      section "gpu tests"
+      timeout 60 "$BIN/df_gpu_tests" --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ +(FAILED|PASSED|OK) +\]|Failure|error|vs cpu|decode steps|tests ran|Expected|Which is|actual" | head -150
+      echo "exit ${PIPESTATUS[0]}"
+      ;;
+    memcheck)
+      section "compute-sanitizer memcheck, op tests"
+      timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/df_gpu_tests" \
+        --gtest_filter='CudaOps.*:CudaEmbedding.*' --gtest_brief=1 >"$OUT/memcheck.log" 2>&1
+      echo "exit $?"
+      tail -5 "$OUT/memcheck.log"
+      ;;
+    bench27)
+      section "bench qwen3.6-27b"
+      timeout 120 $BENCH --synthetic bench/configs/qwen3.6-27b.json --batches 1,8,32 \
+        --contexts 512,8192 --prefill 512,8192 --steps 16 2>&1 | tee "$OUT/bench_27b.txt"
+      ;;
+    bench)
+      section "bench qwen3.6-27b"
+      timeout 70 $BENCH --synthetic bench/configs/qwen3.6-27b.json --batches 1,8,32 --contexts 512,8192 \
+        --prefill 512,8192 --steps 16 2>&1 | tee "$OUT/bench_27b.txt"
+      section "bench qwen3.5-35b-a3b"
+      timeout 50 $BENCH --synthetic bench/configs/qwen3.5-35b-a3b.json --batches 1,8,32 --contexts 512,8192 \
+        --prefill 512,8192 --steps 16 2>&1 | tee "$OUT/bench_35b.txt"
+      for m in qwen3.5-4b qwen3.5-0.8b; do
+        section "bench $m"
+        timeout 30 $BENCH --synthetic bench/configs/$m.json --batches 1,8,32 --contexts 512 \
+          --prefill 512,8192 --steps 16 2>&1 | tee "$OUT/bench_$m.txt"
+      done
+      ;;
+    *)
+      section "$w"
+      timeout 200 bash -c "$w" 2>&1 | tee -a "$OUT/extra.log"
+      ;;
+  esac
+done
