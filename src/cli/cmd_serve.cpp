@@ -1,0 +1,87 @@
+// `deltaflow serve`: the HTTP server (src/server/).
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "cli/model_options.hpp"
+#include "server/server.hpp"
+
+namespace deltaflow::cli {
+
+namespace {
+
+core::Expected<bool> parse_bool(const std::string& flag, const std::string& v) {
+  if (v == "true" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "no") return false;
+  return core::Error{"flag " + flag + ": '" + v + "' is not true or false"};
+}
+
+}  // namespace
+
+int cmd_serve(const Argv& argv) {
+  const std::string cmd = "serve";
+  ArgSpec spec{
+      {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
+       "--max-model-len", "--max-queue", "--default-enable-thinking", "--max-body-bytes"},
+      {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
+      0};
+  auto args = Args::parse(argv, spec);
+  if (!args) return fail(cmd, args.message());
+  server::ServeOptions o;
+  o.model_dir = model_dir(*args);
+  const std::string dev = args->get_or("--device", "auto");
+  if (dev == "auto")
+    o.device = engine::Device::kAuto;
+  else if (dev == "cpu")
+    o.device = engine::Device::kCpu;
+  else if (dev == "cuda")
+    o.device = engine::Device::kCuda;
+  else
+    return fail(cmd, "flag --device: '" + dev + "' is not one of cpu, cuda, auto");
+  o.host = args->get_or("--host", "127.0.0.1");
+  auto port = args->get_int("--port", 8000);
+  if (!port) return fail(cmd, port.message());
+  if (*port < 0 || *port > 65535) return fail(cmd, "flag --port must be in [0, 65535] (0: any free port)");
+  o.port = static_cast<int>(*port);
+  if (args->has("--api-key") && args->has("--api-key-file"))
+    return fail(cmd, "give --api-key or --api-key-file, not both");
+  if (auto k = args->get("--api-key")) o.api_key = *k;
+  if (auto f = args->get("--api-key-file")) {
+    std::ifstream in(*f);
+    if (!in) return fail(cmd, "flag --api-key-file: cannot open '" + *f + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string key = ss.str();
+    while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
+    if (key.empty()) return fail(cmd, "flag --api-key-file: '" + *f + "' is empty");
+    o.api_key = key;
+  }
+  o.served_model_name = args->get_or("--served-model-name", "");
+  auto len = args->get_int("--max-model-len", 0);
+  if (!len) return fail(cmd, len.message());
+  if (*len < 0) return fail(cmd, "flag --max-model-len must be positive");
+  o.max_model_len = *len;
+  auto queue = args->get_int("--max-queue", 256);
+  if (!queue) return fail(cmd, queue.message());
+  if (*queue < 1 || *queue > 100000) return fail(cmd, "flag --max-queue must be in [1, 100000]");
+  o.max_queue = static_cast<size_t>(*queue);
+  auto body = args->get_int("--max-body-bytes", 8 << 20);
+  if (!body) return fail(cmd, body.message());
+  if (*body < 1024) return fail(cmd, "flag --max-body-bytes must be at least 1024");
+  o.max_body_bytes = static_cast<size_t>(*body);
+  if (auto t = args->get("--default-enable-thinking")) {
+    auto b = parse_bool("--default-enable-thinking", *t);
+    if (!b) return fail(cmd, b.message());
+    o.default_enable_thinking = *b;
+  }
+  o.insecure_no_auth = args->has("--insecure-no-auth");
+  o.enable_test_hooks = args->has("--enable-test-hooks");  // hidden: tests force sampled tokens with it
+  o.log_requests = !args->has("--quiet");
+  auto s = server::serve(o);
+  if (!s) return fail(cmd, s.message());
+  return 0;
+}
+
+}  // namespace deltaflow::cli

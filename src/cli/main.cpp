@@ -1,0 +1,62 @@
+// deltaflow: one binary, many jobs (DESIGN.md §1).
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "cli/commands.hpp"
+
+namespace {
+
+struct Command {
+  int (*run)(const deltaflow::cli::Argv&);
+  const char* help;
+};
+
+const std::map<std::string, Command>& commands() {
+  using namespace deltaflow::cli;
+  static const std::map<std::string, Command> table = {
+      {"chat", {cmd_chat, "interactive chat with the model's template: [--model DIR] [--system TEXT]"}},
+      {"generate",
+       {cmd_generate,
+        "one completion: [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N] [--json]"}},
+      {"bench",
+       {cmd_bench,
+        "GPU speed vs rooflines: (--synthetic CONFIG | --model DIR) [--batches 1,8,32] [--contexts ...] "
+        "[--prefill ...] [--json]"}},
+      {"eval",
+       {cmd_eval, "teacher-forced NLL: [--model DIR] (--ids 1,2,3 | --text FILE [--window N]) [--json]"}},
+      {"inspect", {cmd_inspect, "DIR: architecture, layer pattern, parameters, tensor formats, bytes"}},
+      {"make-tiny", {cmd_make_tiny, "--preset NAME --seed N --out DIR: a random-weight checkpoint"}},
+      {"serve",
+       {cmd_serve, "OpenAI + Ollama HTTP API: [--model DIR] [--host H] [--port N] [--api-key KEY] ..."}},
+      {"tokenize", {cmd_tokenize, "--model DIR (--file F | --chat F.json) [--json]"}},
+  };
+  return table;
+}
+
+void usage(FILE* to) {
+  std::fprintf(to, "usage: deltaflow <command> [options]\n\ncommands:\n");
+  for (const auto& [name, c] : commands()) std::fprintf(to, "  %-10s %s\n", name.c_str(), c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  auto it = commands().find(name);
+  if (it == commands().end()) {
+    std::fprintf(stderr, "deltaflow: unknown command '%s' (try 'deltaflow --help')\n", name.c_str());
+    return 2;
+  }
+  deltaflow::cli::Argv args(argv + 2, argv + argc);
+  return it->second.run(args);
+}

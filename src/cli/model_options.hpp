@@ -1,0 +1,18 @@
+// Flags shared by the subcommands that run a model: --model, --device, and the sampling flags.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.hpp"
+#include "cli/args.hpp"
+#include "engine/generate.hpp"
+
+namespace deltaflow::cli {
+
+// --model DIR (default: the house model), --device cpu|cuda|auto.
+std::string model_dir(const Args& args);
+core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args);
+// --temperature, --top-k, --top-p, --seed.
+core::Expected<engine::SamplingParams> parse_sampling(const Args& args);
+
+}  // namespace deltaflow::cli
