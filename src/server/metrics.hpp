@@ -1,0 +1,55 @@
+// Prometheus counters and histograms for /metrics (text exposition format 0.0.4): requests by route and
+// status, prompt and generated tokens, time to first token, time per output token, end-to-end latency,
+// queue depth, and prefix-cache hit tokens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace deltaflow::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Appends the _bucket / _sum / _count lines.
+  void render(const std::string& name, std::string& out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct QueueState {
+  size_t waiting = 0;
+  size_t running = 0;
+  bool loaded = false;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void request(const std::string& route, int status);
+  void tokens(int64_t prompt, int64_t generated, int64_t cached);
+  void first_token(double seconds);
+  void per_token(double seconds);
+  void latency(double seconds);
+  void finished(const std::string& reason);
+  std::string render(const QueueState& q) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> finished_;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
+  Histogram ttft_, tpot_, e2e_;
+};
+
+}  // namespace deltaflow::server

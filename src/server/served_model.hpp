@@ -1,0 +1,96 @@
+// The one model a server process serves: the backend behind the engine thread, and what the HTTP threads use
+// without touching it (tokenizer, chat template, generation defaults, special ids, facts for /api/show).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/status.hpp"
+#include "engine/generate.hpp"
+#include "engine/scheduler.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
+
+namespace deltaflow::server {
+
+using Json = nlohmann::ordered_json;
+
+// Sampling defaults from generation_config.json; unset fields fall back to OpenAI's defaults.
+struct GenerationDefaults {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<int64_t> max_tokens;  // max_new_tokens
+};
+
+struct ModelLoadOptions {
+  std::string model_dir;
+  engine::Device device = engine::Device::kAuto;
+  std::string served_name;    // empty: the directory's name
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  size_t max_queue = 256;
+};
+
+class ServedModel {
+ public:
+  static core::Expected<std::unique_ptr<ServedModel>> load(const ModelLoadOptions& o);
+  ~ServedModel();
+
+  const std::string& name() const { return name_; }
+  // The request's model name refers to this model ("name" or "name:latest" for Ollama clients).
+  bool matches(const std::string& requested) const;
+  const text::Tokenizer& tokenizer() const { return *tokenizer_; }
+  engine::Scheduler& scheduler() { return *scheduler_; }
+  const model::TextConfig& config() const { return backend_->config(); }
+  const GenerationDefaults& defaults() const { return defaults_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
+  int32_t think_start_id() const { return think_start_; }
+  int32_t think_end_id() const { return think_end_; }
+  // The template writes calls as <function=...> XML (Qwen3.5); else the hermes JSON form (Qwen3).
+  bool xml_tool_calls() const { return xml_tools_; }
+  bool has_chat_template() const { return chat_template_.has_value(); }
+  const std::string& chat_template_source() const { return chat_template_source_; }
+  const std::string& dir() const { return dir_; }
+  int64_t parameter_count() const { return parameters_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+  const std::string& digest() const { return digest_; }
+  int64_t modified_unix() const { return modified_unix_; }
+  const char* device_name() const { return backend_->name(); }
+
+  // Renders the chat template as transformers' apply_chat_template does (text/chat_template.hpp).
+  // `messages` are already normalised (tool-call arguments as objects); `tools` null when none; `kwargs` the
+  // template variables (enable_thinking, ...).
+  core::Expected<std::string> render_chat(const Json& messages, const Json& tools, bool add_generation_prompt,
+                                          const Json& kwargs) const;
+
+ private:
+  ServedModel() = default;
+
+  std::string name_, dir_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::optional<text::Tokenizer> tokenizer_;
+  std::optional<text::ChatTemplate> chat_template_;
+  std::string chat_template_source_;
+  GenerationDefaults defaults_;
+  std::vector<int32_t> eos_ids_;
+  int32_t think_start_ = -1, think_end_ = -1;
+  bool xml_tools_ = true;
+  int64_t max_model_len_ = 0;
+  int64_t parameters_ = 0;
+  uint64_t weight_bytes_ = 0;
+  std::string digest_;
+  int64_t modified_unix_ = 0;
+  std::unique_ptr<engine::Scheduler> scheduler_;  // last: stopped before the backend goes
+};
+
+}  // namespace deltaflow::server

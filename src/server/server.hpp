@@ -1,0 +1,34 @@
+// `deltaflow serve`: the OpenAI- and Ollama-compatible HTTP server (cpp-httplib). HTTP threads parse, render
+// the chat template, tokenize and detokenize; one engine thread runs the model (DESIGN.md §5).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/status.hpp"
+#include "engine/generate.hpp"
+
+namespace deltaflow::server {
+
+struct ServeOptions {
+  std::string model_dir;
+  engine::Device device = engine::Device::kAuto;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;            // empty: no key (loopback only, unless insecure_no_auth)
+  bool insecure_no_auth = false;  // allow a non-loopback host without a key
+  std::string served_model_name;  // empty: the model directory's name
+  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
+  size_t max_queue = 256;         // generation requests waiting for the engine; more get 429
+  bool default_enable_thinking = true;
+  bool enable_test_hooks = false;    // accept "deltaflow_forced_tokens" (tests only)
+  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  bool log_requests = true;          // one line per request on stderr
+};
+
+// Checks the options (a non-loopback host needs a key unless insecure_no_auth), binds, loads the model
+// (/health answers 503 meanwhile), and serves until SIGINT or SIGTERM.
+core::Status serve(const ServeOptions& options);
+
+}  // namespace deltaflow::server
