@@ -1,6 +1,7 @@
 #include "text/reasoning_parser.hpp"
 
 #include <algorithm>
+#include "text/tag_scan.hpp"
 
 namespace deltaflow::text {
 
@@ -10,26 +11,15 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolCall = "<tool_call>";
 
-bool is_space(char c) {
-  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
-// Length of the longest proper prefix of `tag` that `s` ends with.
-size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
-  for (size_t k = std::min(s.size(), tag.size() - 1); k > 0; --k)
-    if (s.substr(s.size() - k) == tag.substr(0, k)) return k;
-  return 0;
-}
-
 size_t trailing_space(std::string_view s) {
   size_t n = 0;
-  while (n < s.size() && is_space(s[s.size() - 1 - n])) ++n;
+  while (n < s.size() && is_ascii_space(s[s.size() - 1 - n])) ++n;
   return n;
 }
 
 void drop_leading_space(std::string& s) {
   size_t i = 0;
-  while (i < s.size() && is_space(s[i])) ++i;
+  while (i < s.size() && is_ascii_space(s[i])) ++i;
   s.erase(0, i);
 }
 
@@ -98,7 +88,7 @@ void ReasoningParser::run(ReasoningDelta& out, bool final) {
     }
     if (!content_started_) {
       size_t i = 0;
-      while (i < buf_.size() && is_space(buf_[i])) ++i;
+      while (i < buf_.size() && is_ascii_space(buf_[i])) ++i;
       std::string_view rest = std::string_view(buf_).substr(i);
       if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) {
         buf_.erase(0, i + kThinkOpen.size());

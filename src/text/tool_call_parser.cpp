@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include "text/tag_scan.hpp"
 
 namespace deltaflow::text {
 
@@ -19,19 +20,9 @@ constexpr std::string_view kFunctionClose = "</function>";
 constexpr std::string_view kParamOpen = "<parameter=";
 constexpr std::string_view kParamClose = "</parameter>";
 
-bool is_space(char c) {
-  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
-size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
-  for (size_t k = std::min(s.size(), tag.size() - 1); k > 0; --k)
-    if (s.substr(s.size() - k) == tag.substr(0, k)) return k;
-  return 0;
-}
-
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  while (!s.empty() && is_ascii_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ascii_space(s.back())) s.remove_suffix(1);
   return s;
 }
 
@@ -67,7 +58,7 @@ bool parse_integer(std::string_view s, json& out) {
 
 bool parse_number(std::string_view s, json& out) {
   if (parse_integer(s, out)) return true;
-  if (s.empty() || is_space(s.front())) return false;
+  if (s.empty() || is_ascii_space(s.front())) return false;
   // Only JSON-like spellings: digits, sign, point, exponent (strtod would also take "inf", "nan", hex).
   for (char c : s)
     if (!((c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E')) return false;
@@ -142,7 +133,7 @@ void ToolCallParser::emit_text(ToolParseDelta& out, std::string_view s, bool fin
   held_space_.clear();
   if (after_call_) {
     size_t i = 0;
-    while (i < text.size() && is_space(text[i])) ++i;
+    while (i < text.size() && is_ascii_space(text[i])) ++i;
     text.erase(0, i);
     if (text.empty()) return;
     after_call_ = false;
@@ -150,7 +141,7 @@ void ToolCallParser::emit_text(ToolParseDelta& out, std::string_view s, bool fin
   if (!final) {
     // Whitespace is released only once something follows it: if a call follows, it is dropped.
     size_t n = text.size();
-    while (n > 0 && is_space(text[n - 1])) --n;
+    while (n > 0 && is_ascii_space(text[n - 1])) --n;
     held_space_ = text.substr(n);
     text.resize(n);
   }
@@ -201,7 +192,7 @@ bool ToolCallParser::step_xml(ToolParseDelta& out, bool final) {
   const std::string_view body(buf_);
   size_t pos = body_pos_;
   auto skip_space = [&] {
-    while (pos < body.size() && is_space(body[pos])) ++pos;
+    while (pos < body.size() && is_ascii_space(body[pos])) ++pos;
   };
   auto end_block = [&](size_t consumed) {
     buf_.erase(0, consumed);
@@ -308,7 +299,7 @@ void ToolCallParser::run(ToolParseDelta& out, bool final) {
       if (p != std::string::npos) {
         // Text before a call loses its trailing whitespace.
         std::string_view before(buf_.data(), p);
-        while (!before.empty() && is_space(before.back())) before.remove_suffix(1);
+        while (!before.empty() && is_ascii_space(before.back())) before.remove_suffix(1);
         if (before.empty()) {
           held_space_.clear();
         } else {
@@ -331,7 +322,7 @@ void ToolCallParser::run(ToolParseDelta& out, bool final) {
     }
     // Call mode: which format?
     size_t i = 0;
-    while (i < buf_.size() && is_space(buf_[i])) ++i;
+    while (i < buf_.size() && is_ascii_space(buf_[i])) ++i;
     const std::string_view lead = std::string_view(buf_).substr(i);
     if (starts_with(lead, kFunctionOpen) || (implicit_ && !lead.empty()) || body_pos_ > 0 || in_function_) {
       if (!step_xml(out, final)) return;
