@@ -170,14 +170,24 @@ ModelCounts count(const model::TextConfig& c) {
   return m;
 }
 
+using OpTimes = std::vector<std::pair<std::string, double>>;
+
 struct DecodeRow {
   int64_t batch, context;
   double step_s, tok_s, bytes, bw, ratio;
+  OpTimes ops;  // --profile: GPU seconds per op over one step
 };
 struct PrefillRow {
   int64_t tokens;
   double seconds, tok_s, flops, rate, ratio;
+  OpTimes ops;  // --profile: GPU seconds per op over the prefill
 };
+
+void print_ops(const OpTimes& ops, double total) {
+  for (const auto& [name, sec] : ops)
+    std::printf("      %-20s %9.3f ms  %5.1f%%\n", name.c_str(), sec * 1e3,
+                total > 0 ? 100 * sec / total : 0.0);
+}
 
 }  // namespace
 #endif
@@ -190,7 +200,7 @@ int cmd_bench(const Argv& argv) {
 #else
   ArgSpec spec{{"--synthetic", "--model", "--batches", "--contexts", "--prefill", "--steps", "--seed",
                 "--prefill-chunk"},
-               {"--json", "--no-graphs"},
+               {"--json", "--no-graphs", "--profile"},
                0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
@@ -241,12 +251,15 @@ int cmd_bench(const Argv& argv) {
   for (auto t : *prefills) need = std::max<int64_t>(need, t + 8);
   opt.max_context = std::min<int64_t>(need, config.max_position_embeddings);
   opt.prefill_chunk = *chunk;
-  opt.cuda_graphs = !args->has("--no-graphs");
+  // --profile times every op with events, so decode runs without graphs (their launch gaps show as time).
+  const bool profile = args->has("--profile");
+  opt.cuda_graphs = !args->has("--no-graphs") && !profile;
   opt.progress = !json;
   auto loaded = synth ? CudaBackend::synthetic(config, opt, static_cast<uint64_t>(*seed))
                       : CudaBackend::load(*dir, opt);
   if (!loaded) return fail(cmd, loaded.message());
   CudaBackend& b = **loaded;
+  b.profile().enable(profile);
   const auto& plan = b.memory_plan();
   const ModelCounts mc = count(config);
   // Bytes per weight element: bf16 when synthetic; else what the checkpoint holds on average.
@@ -277,6 +290,7 @@ int cmd_bench(const Argv& argv) {
         if (auto st = b.decode_greedy(sp, tok, next); !st) return fail(cmd, st.message());
         tok = next;
       }
+      b.profile().reset();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < *steps; ++s) {
         if (auto st = b.decode_greedy(sp, tok, next); !st) return fail(cmd, st.message());
@@ -303,6 +317,8 @@ int cmd_bench(const Argv& argv) {
           weights + static_cast<double>(batch) * (ctx_mid * mc.kv_per_token * kv_es + 2 * mc.state_bytes);
       r.bw = r.bytes / r.step_s;
       r.ratio = r.bw / *bw;
+      for (auto [name, sec] : b.profile().totals())
+        r.ops.emplace_back(name, sec / static_cast<double>(*steps));
       drows.push_back(r);
     }
   }
@@ -322,6 +338,7 @@ int cmd_bench(const Argv& argv) {
     auto s = b.new_sequence();
     const auto ids = random_ids(static_cast<size_t>(T));
     backend::PrefillItem item{s.get(), ids, false};
+    b.profile().reset();
     const auto t0 = std::chrono::steady_clock::now();
     if (auto st = b.prefill(std::span<const backend::PrefillItem>(&item, 1), logits); !st)
       return fail(cmd, st.message());
@@ -346,6 +363,7 @@ int cmd_bench(const Argv& argv) {
     r.flops = flops;
     r.rate = flops / dt;
     r.ratio = r.rate / *gemm_rate;
+    r.ops = b.profile().totals();
     prows.push_back(r);
   }
 
@@ -368,14 +386,16 @@ int cmd_bench(const Argv& argv) {
                                {"tokens_per_s", r.tok_s},
                                {"bytes_per_step", r.bytes},
                                {"bytes_per_s", r.bw},
-                               {"roofline_ratio", r.ratio}});
+                               {"roofline_ratio", r.ratio},
+                               {"profile_seconds", nlohmann::json(r.ops)}});
     for (const auto& r : prows)
       out["prefill"].push_back({{"tokens", r.tokens},
                                 {"seconds", r.seconds},
                                 {"tokens_per_s", r.tok_s},
                                 {"flops", r.flops},
                                 {"flops_per_s", r.rate},
-                                {"roofline_ratio", r.ratio}});
+                                {"roofline_ratio", r.ratio},
+                                {"profile_seconds", nlohmann::json(r.ops)}});
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -392,10 +412,21 @@ int cmd_bench(const Argv& argv) {
     std::printf("  %5lld  %7lld  %8.3f  %8.1f  %8.2f  %6.2f  %9.1f%%\n", static_cast<long long>(r.batch),
                 static_cast<long long>(r.context), r.step_s * 1e3, r.tok_s, r.bytes / 1e9, r.bw / 1e12,
                 100 * r.ratio);
+  if (profile)
+    for (const auto& r : drows) {
+      std::printf("\n  profile: decode batch %lld context %lld (GPU time per step, no graphs)\n",
+                  static_cast<long long>(r.batch), static_cast<long long>(r.context));
+      print_ops(r.ops, r.step_s);
+    }
   std::printf("\nprefill\n  tokens   seconds     tok/s   TFLOP   TFLOP/s  of GEMM rate\n");
   for (const auto& r : prows)
     std::printf("  %6lld  %8.3f  %8.0f  %6.1f  %8.1f  %10.1f%%\n", static_cast<long long>(r.tokens),
                 r.seconds, r.tok_s, r.flops / 1e12, r.rate / 1e12, 100 * r.ratio);
+  if (profile)
+    for (const auto& r : prows) {
+      std::printf("\n  profile: prefill of %lld tokens (GPU time)\n", static_cast<long long>(r.tokens));
+      print_ops(r.ops, r.seconds);
+    }
   return 0;
 #endif
 }

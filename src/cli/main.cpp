@@ -23,7 +23,7 @@ const std::map<std::string, Command>& commands() {
       {"bench",
        {cmd_bench,
         "GPU speed vs rooflines: (--synthetic CONFIG | --model DIR) [--batches 1,8,32] [--contexts ...] "
-        "[--prefill ...] [--json]"}},
+        "[--prefill ...] [--profile] [--json]"}},
       {"eval",
        {cmd_eval, "teacher-forced NLL: [--model DIR] (--ids 1,2,3 | --text FILE [--window N]) [--json]"}},
       {"inspect", {cmd_inspect, "DIR: architecture, layer pattern, parameters, tensor formats, bytes"}},

@@ -631,7 +631,9 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
   const int64_t P = C + vd + 2 * nv;
   const int K = static_cast<int>(c.linear_conv_kernel_dim);
   // [q k v | z | b | a] = x @ in_proj^T
+  prof_.mark("gdn in_proj", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P));
+  prof_.mark("gdn conv1d", stream_);
   float* conv_base = conv_states_ + L.type_index * conv_layer_;
   if (prefill) {
     DF_CUDA_TRY(causal_conv1d_prefill(ws_.proj, P, n, C, L.conv_w, K, conv_base + slot * conv_slot_, ws_.conv,
@@ -640,6 +642,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
     DF_CUDA_TRY(causal_conv1d_decode(ws_.proj, P, static_cast<int>(n), C, L.conv_w, K, conv_base, conv_slot_,
                                      ws_.slot, ws_.conv, C, stream_));
   }
+  prof_.mark(prefill ? "gdn prefill" : "gdn decode", stream_);
   GdnArgs g;
   g.conv = ws_.conv;
   g.ld_conv = C;
@@ -663,6 +666,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
   g.out = ws_.gdn;
   g.ld_out = vd;
   DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
+  prof_.mark("gdn out_proj", stream_);
   return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
 }
 
@@ -670,7 +674,9 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefil
   const auto& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd, Q = nh * qw + 2 * nkv * hd;
+  prof_.mark("attn qkv_proj", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.qkv, ws_.proj, Q));
+  prof_.mark("attn norm+rope", stream_);
   const size_t es = plan_.kv_f32 ? 4 : 2;
   KvCache kv;
   kv.k = static_cast<uint8_t*>(k_cache_) + static_cast<size_t>(L.type_index * kv_layer_) * es;
@@ -718,7 +724,9 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefil
     aa.gate_head_stride = qw;
   }
   aa.out = ws_.attn;
+  prof_.mark(prefill ? "attn prefill" : "attn decode", stream_);
   DF_CUDA_TRY(attention(aa, stream_));
+  prof_.mark("attn o_proj", stream_);
   return linear(ws_.attn, nh * hd, n, L.o_proj, ws_.y, H);
 }
 
@@ -726,8 +734,11 @@ core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
   if (L.is_moe) return moe(L, n);
   const int64_t H = config_.hidden_size, I = L.down.cols;
   // down(silu(gate(x)) * up(x))
+  prof_.mark("ffn gate_up", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.proj, 2 * I));
+  prof_.mark("ffn swiglu", stream_);
   DF_CUDA_TRY(swiglu(ws_.proj, 2 * I, n, I, ws_.act, I, stream_));
+  prof_.mark("ffn down", stream_);
   return linear(ws_.act, I, n, L.down, ws_.y, H);
 }
 
@@ -737,10 +748,12 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const int64_t Im = L.experts_down.cols, Is = L.shared_down.cols, nk = n * K;
   const size_t es = core::dtype_size(L.experts_gu.dtype);
   // Router in fp32 whatever the mode: a near tie between experts must not flip on rounding.
+  prof_.mark("moe router", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
+  prof_.mark("moe experts", stream_);
   if (n <= kGemvMaxRows) {
     // Decode: one GEMV problem per (token, chosen expert), expert ids read on the device.
     DF_CUDA_TRY(gemv_grouped(L.experts_gu.data, L.experts_gu.dtype, 2 * Im, H, 2 * Im * H, ws_.moe_ids,
@@ -794,10 +807,12 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   }
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
+  prof_.mark("moe shared expert", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
   DF_CUDA_TRY(swiglu(ws_.proj, 2 * Is, n, Is, ws_.act, Is, stream_));
   DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
   DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
+  prof_.mark("moe combine", stream_);
   DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_shared, ws_.shared_gate,
                           ws_.y, stream_));
   return core::Status();
@@ -807,24 +822,30 @@ core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
   const auto& c = config_;
   const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  prof_.mark("embedding", stream_);
   DF_CUDA_TRY(embedding_gather(embed_.data, embed_.dtype, H, ws_.ids, n, ws_.h, stream_));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DLayer& L = layers_[l];
     // h += ffn output of the previous layer; xn = RMSNorm1p(h)
+    prof_.mark("add+rmsnorm", stream_);
     DF_CUDA_TRY(add_rmsnorm1p(ws_.h, l == 0 ? nullptr : ws_.y, n, H, L.input_norm, eps, ws_.xn, stream_));
     if (L.type == LayerType::kFullAttention) {
       DF_TRY(full_attention(L, n, prefill));
     } else {
       DF_TRY(gated_deltanet(L, n, prefill, slot));
     }
+    prof_.mark("add+rmsnorm", stream_);
     DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, L.post_norm, eps, ws_.xn, stream_));
     DF_TRY(ffn(L, n));
   }
+  prof_.mark("add+rmsnorm", stream_);
   DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, final_norm_, eps, ws_.xn, stream_));
+  prof_.mark("other", stream_);
   return core::Status();
 }
 
 core::Status CudaBackend::lm_head(int64_t r0, int64_t rows) {
+  prof_.mark("lm_head", stream_);
   return linear(ws_.xn + r0 * config_.hidden_size, config_.hidden_size, rows, lm_head_, ws_.logits,
                 config_.vocab_size);
 }
@@ -885,6 +906,7 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
                                   cudaMemcpyDeviceToHost, stream_));
     }
     DF_CUDA_TRY(cudaStreamSynchronize(stream_));  // the staging buffers are reused by the next chunk
+    DF_TRY(prof_.flush(stream_));
     s->pos += n;
   }
   return core::Status();
@@ -904,6 +926,7 @@ core::Status CudaBackend::enqueue_decode(int bucket) {
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
   DF_TRY(run_layers(bucket, /*prefill=*/false, -1));
   DF_TRY(lm_head(0, bucket));
+  prof_.mark("argmax", stream_);
   DF_CUDA_TRY(argmax_rows(ws_.logits, bucket, config_.vocab_size, ws_.out_ids, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(pinned_ + 3 * R, ws_.out_ids, b, cudaMemcpyDeviceToHost, stream_));
   return core::Status();
@@ -954,6 +977,7 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
       DF_CUDA_TRY(cudaMemcpyAsync(logits->data() + g0 * V, ws_.logits, static_cast<size_t>(m * V) * 4,
                                   cudaMemcpyDeviceToHost, stream_));
     DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    DF_TRY(prof_.flush(stream_));
     if (ids)
       for (int64_t r = 0; r < m; ++r) ids->push_back(pinned_[3 * R + r]);
     for (int64_t r = 0; r < m; ++r) ss[static_cast<size_t>(g0 + r)]->pos += 1;

@@ -18,6 +18,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cuda/gemm.hpp"
+#include "backend/cuda/op_profile.hpp"
 #include "core/dtype.hpp"
 #include "model/config.hpp"
 
@@ -122,6 +123,9 @@ class CudaBackend final : public Backend {
 
   void release_slot(int slot);
 
+  // Benchmarks only: GPU time by op (bench --profile). Decode is profiled only with cuda_graphs off.
+  OpProfile& profile() { return prof_; }
+
  private:
   CudaBackend() = default;
   core::Status init_device(const model::TextConfig& c, const CudaOptions& opt);
@@ -153,6 +157,7 @@ class CudaBackend final : public Backend {
   double load_seconds_ = 0;
   cudaStream_t stream_ = nullptr;
   Gemm gemm_;
+  OpProfile prof_;
 
   // Weights: one device allocation.
   void* weights_mem_ = nullptr;
