@@ -17,6 +17,7 @@
 #include "backend/cuda/gated_deltanet.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/norm.cuh"
 #include "io/safetensors.hpp"
 #include "model/weights.hpp"
@@ -234,7 +235,22 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
         sdn = {&lw->moe.shared_expert.down_proj};
         sg = {&lw->moe.shared_expert_gate};
       }
-      DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
+      // [router | shared_expert_gate] as one matrix, so that decode reads x once for both logits (when the
+      // two share a dtype); router and shared_gate are views of it.
+      if (!lw || lw->moe.router.dtype == lw->moe.shared_expert_gate.dtype) {
+        std::vector<const model::Mat*> rg;
+        if (lw) rg = {&lw->moe.router, &lw->moe.shared_expert_gate};
+        DF_ASSIGN(L.router_gate, lay.mat(rg, E + 1, H, hs, what + " router/shared expert gate"));
+        L.router = L.router_gate;
+        L.router.rows = E;
+        L.shared_gate = L.router_gate;
+        L.shared_gate.rows = 1;
+        L.shared_gate.data = static_cast<const uint8_t*>(L.router_gate.data) +
+                             static_cast<size_t>(E * H) * core::dtype_size(L.router_gate.dtype);
+      } else {
+        DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
+        DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
+      }
       DF_ASSIGN(L.experts_gu, lay.mat(gu, E * 2 * Im, H, hs, what + " experts gate/up"));
       L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements
       DF_ASSIGN(L.experts_down,
@@ -243,7 +259,6 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
       DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up"));
       DF_ASSIGN(L.shared_down,
                 lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
-      DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
     }
     layers.push_back(L);
   }
@@ -747,65 +762,80 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Im = L.experts_down.cols, Is = L.shared_down.cols, nk = n * K;
   const size_t es = core::dtype_size(L.experts_gu.dtype);
-  // Router in fp32 whatever the mode: a near tie between experts must not flip on rounding.
-  prof_.mark("moe router", stream_);
-  DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
+  // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding.
+  prof_.mark("moe router", stream_);
+  if (n <= kGemvMaxRows) {
+    // Decode, four launches (moe_decode.cuh): the [router | shared gate] logits, the routing, gate/up with
+    // SwiGLU of the K chosen experts and the shared expert, and one down projection that sums all of them,
+    // weighted, into y. Expert ids stay on the device: no host sync.
+    const int T = static_cast<int>(n), Ki = static_cast<int>(K);
+    if (L.router_gate.data) {
+      DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H, T,
+                                    ws_.router, E, ws_.shared_gate, 1, stream_));
+    } else {
+      DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
+      DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
+    }
+    DF_CUDA_TRY(
+        moe_route(ws_.router, E, n, static_cast<int>(E), Ki, renorm, ws_.moe_ids, ws_.moe_w, stream_));
+    prof_.mark("moe gate_up", stream_);
+    const MoeGateUpWeights egu{L.experts_gu.data, L.experts_gu.dtype, Im, 2 * Im * H};
+    const MoeGateUpWeights sgu{L.shared_gu.data, L.shared_gu.dtype, Is, 0};
+    DF_CUDA_TRY(
+        moe_gate_up_swiglu(egu, ws_.moe_ids, Ki, sgu, H, ws_.xn, H, T, ws_.act_s, Im, ws_.act, Is, stream_));
+    prof_.mark("moe down", stream_);
+    const MoeDownWeights edn{L.experts_down.data, L.experts_down.dtype, Im, H * Im};
+    const MoeDownWeights sdn{L.shared_down.data, L.shared_down.dtype, Is, 0};
+    DF_CUDA_TRY(moe_down_combine(edn, ws_.moe_ids, ws_.moe_w, Ki, sdn, ws_.shared_gate, H, ws_.act_s, Im,
+                                 ws_.act, Is, T, ws_.y, H, stream_));
+    return core::Status();
+  }
+  DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
   prof_.mark("moe experts", stream_);
-  if (n <= kGemvMaxRows) {
-    // Decode: one GEMV problem per (token, chosen expert), expert ids read on the device.
-    DF_CUDA_TRY(gemv_grouped(L.experts_gu.data, L.experts_gu.dtype, 2 * Im, H, 2 * Im * H, ws_.moe_ids,
-                             static_cast<int>(nk), ws_.xn, H, static_cast<int>(K), ws_.gu_s, 2 * Im,
-                             stream_));
-    DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
-    DF_CUDA_TRY(gemv_grouped(L.experts_down.data, L.experts_down.dtype, H, Im, H * Im, ws_.moe_ids,
-                             static_cast<int>(nk), ws_.act_s, Im, 1, ws_.y_slot, H, stream_));
-  } else {
-    // Prefill: sort the (token, k) slots by expert on the host, then one matmul per expert over its rows.
-    const int64_t R = max_rows_, RK = R * K;
-    int* p_tok = pinned_ + 3 * R + 32;
-    int* p_slot = p_tok + RK;
-    int* p_ids = p_slot + RK;
-    DF_CUDA_TRY(
-        cudaMemcpyAsync(p_ids, ws_.moe_ids, static_cast<size_t>(nk) * 4, cudaMemcpyDeviceToHost, stream_));
-    DF_CUDA_TRY(cudaStreamSynchronize(stream_));
-    std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
-    for (int64_t s = 0; s < nk; ++s) {
-      if (p_ids[s] < 0 || p_ids[s] >= E)
-        return core::Error{"cuda backend: router produced an invalid expert"};
-      ++count[static_cast<size_t>(p_ids[s]) + 1];
-    }
-    for (int64_t e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];
-    std::vector<int64_t> fill(count.begin(), count.end() - 1);
-    for (int64_t s = 0; s < nk; ++s) {
-      const int64_t at = fill[static_cast<size_t>(p_ids[s])]++;
-      p_slot[at] = static_cast<int>(s);
-      p_tok[at] = static_cast<int>(s / K);
-    }
-    DF_CUDA_TRY(
-        cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(
-        cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
-      if (cnt == 0) continue;
-      DMat gu = L.experts_gu;
-      gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
-      DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
-    }
-    DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
-      if (cnt == 0) continue;
-      DMat dn = L.experts_down;
-      dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
-      DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
-    }
-    DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
+  // Prefill: sort the (token, k) slots by expert on the host, then one matmul per expert over its rows.
+  const int64_t R = max_rows_, RK = R * K;
+  int* p_tok = pinned_ + 3 * R + 32;
+  int* p_slot = p_tok + RK;
+  int* p_ids = p_slot + RK;
+  DF_CUDA_TRY(
+      cudaMemcpyAsync(p_ids, ws_.moe_ids, static_cast<size_t>(nk) * 4, cudaMemcpyDeviceToHost, stream_));
+  DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
+  for (int64_t s = 0; s < nk; ++s) {
+    if (p_ids[s] < 0 || p_ids[s] >= E) return core::Error{"cuda backend: router produced an invalid expert"};
+    ++count[static_cast<size_t>(p_ids[s]) + 1];
   }
+  for (int64_t e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];
+  std::vector<int64_t> fill(count.begin(), count.end() - 1);
+  for (int64_t s = 0; s < nk; ++s) {
+    const int64_t at = fill[static_cast<size_t>(p_ids[s])]++;
+    p_slot[at] = static_cast<int>(s);
+    p_tok[at] = static_cast<int>(s / K);
+  }
+  DF_CUDA_TRY(
+      cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
+  DF_CUDA_TRY(
+      cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
+  DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+    if (cnt == 0) continue;
+    DMat gu = L.experts_gu;
+    gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
+    DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
+  }
+  DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+    if (cnt == 0) continue;
+    DMat dn = L.experts_down;
+    dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
+    DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
+  }
+  DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   prof_.mark("moe shared expert", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));

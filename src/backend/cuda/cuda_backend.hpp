@@ -65,12 +65,13 @@ struct DLayer {
   DMat gate_up;  // [2I, H]: rows [gate | up]
   DMat down;     // [H, I]
   // MoE
-  DMat router;        // [E, H]
+  DMat router_gate;   // [E + 1, H]: rows [router | shared_expert_gate] (no data when their dtypes differ)
+  DMat router;        // [E, H]: a view of router_gate's rows, or its own matrix
   DMat experts_gu;    // expert e at data + e * 2Im*H elements: [2Im, H] rows [gate | up]
   DMat experts_down;  // expert e at data + e * H*Im elements: [H, Im]
   DMat shared_gu;     // [2Is, H]
   DMat shared_down;   // [H, Is]
-  DMat shared_gate;   // [1, H]
+  DMat shared_gate;   // [1, H]: a view of router_gate's last row, or its own matrix
 };
 
 struct MemoryPlan {
