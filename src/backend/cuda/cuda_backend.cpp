@@ -15,6 +15,7 @@
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/gated_deltanet.cuh"
+#include "backend/cuda/gdn_chunked.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
@@ -527,6 +528,13 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.out_ids, kGemvMaxRows);
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
+  // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
+  const int gk = static_cast<int>(c.linear_num_key_heads), gd = static_cast<int>(c.linear_key_head_dim),
+            ge = static_cast<int>(c.linear_value_head_dim);
+  ws_.gdn_chunk_bytes = n_lin && !opt_.exact && gdn_chunked_supported(gk, static_cast<int>(nv), gd, ge)
+                            ? gdn_chunked_workspace_bytes(1, static_cast<int>(R), static_cast<int>(nv), gd, ge)
+                            : 0;
+  bufs.push_back({&ws_.gdn_chunk, std::max<size_t>(ws_.gdn_chunk_bytes, 16)});
   size_t total = 0;
   for (const auto& b : bufs) total = align_up(total, 256) + b.bytes;
   plan_.workspace = total;
@@ -680,7 +688,12 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
   g.slots = ws_.slot;
   g.out = ws_.gdn;
   g.ld_out = vd;
-  DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
+  if (prefill && n >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
+    // Fast-mode prefill: the chunked WY form on tensor cores; exact mode and decode keep the fp32 token scan.
+    DF_CUDA_TRY(cuda::gated_deltanet_chunked(g, ws_.gdn_chunk, ws_.gdn_chunk_bytes, stream_));
+  } else {
+    DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
+  }
   prof_.mark("gdn out_proj", stream_);
   return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
 }

@@ -187,6 +187,8 @@ class CudaBackend final : public Backend {
     int *ids = nullptr, *pos = nullptr, *slot = nullptr, *out_ids = nullptr;
     void* x16 = nullptr;
     size_t x16_elems = 0;
+    void* gdn_chunk = nullptr;  // the chunked Gated DeltaNet prefill's records (gdn_chunked.cuh)
+    size_t gdn_chunk_bytes = 0;
   } ws_;
   void* ws_mem_ = nullptr;
   int64_t max_rows_ = 0;  // tokens one forward takes (prefill chunk, or a decode bucket)
