@@ -37,10 +37,11 @@ void install_sigint() {
 
 int cmd_chat(const Argv& argv) {
   const std::string cmd = "chat";
-  ArgSpec spec{{"--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--device",
-                "--system", "--enable-thinking"},
-               {},
-               0};
+  ArgSpec spec{
+      {"--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--presence-penalty",
+       "--frequency-penalty", "--repetition-penalty", "--seed", "--device", "--system", "--enable-thinking"},
+      {},
+      0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   auto max_tokens = args->get_int("--max-tokens", 1024);

@@ -2,6 +2,7 @@
 #include <map>
 #include <string>
 
+#include "backend/memory_plan.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "io/safetensors.hpp"
@@ -10,9 +11,43 @@
 
 namespace deltaflow::cli {
 
+namespace {
+
+void print_bytes(const char* label, size_t bytes, const std::string& note) {
+  std::printf("  %-18s %14llu bytes (%9.3f GB)%s\n", label, static_cast<unsigned long long>(bytes),
+              static_cast<double>(bytes) / 1e9, note.c_str());
+}
+
+// The CUDA backend's plan at load (backend/memory_plan.hpp); GB are 1e9 bytes.
+void print_memory_plan(const backend::MemoryPlanEstimate& p, const backend::MemoryPlanOptions& o,
+                       double gpu_gb) {
+  std::printf(
+      "memory plan:    cuda backend, %d sequences (+1 scratch slot) x %lld positions, %s KV cache, %s\n",
+      o.max_sequences, static_cast<long long>(p.max_context), p.kv_f32 ? "fp32" : "bf16",
+      std::string(core::dtype_name(o.matrix_dtype)).c_str());
+  print_bytes("weights:", p.weights, "");
+  std::printf("  %-18s %14llu bytes\n",
+              "kv per token:", static_cast<unsigned long long>(p.kv_bytes_per_token));
+  print_bytes("kv cache:", p.kv,
+              "  (" + std::to_string(p.slots) + " slots x " + std::to_string(p.max_context) + " positions)");
+  std::printf("  %-18s %14llu bytes\n",
+              "state per seq:", static_cast<unsigned long long>(p.state_bytes_per_sequence));
+  print_bytes("recurrent states:", p.states, "  (" + std::to_string(p.slots) + " slots)");
+  print_bytes("workspace:", p.workspace + p.gemm_workspace, "  (activations, logits, cuBLASLt)");
+  print_bytes("total:", p.total(), "  (plus the CUDA context)");
+  if (gpu_gb > 0) {
+    const double cap = gpu_gb * 1e9;
+    const bool fits = static_cast<double>(p.total()) <= cap;
+    std::printf("  %-18s %s (%.3f GB of %.3f GB)\n", "fits:", fits ? "yes" : "no",
+                static_cast<double>(p.total()) / 1e9, gpu_gb);
+  }
+}
+
+}  // namespace
+
 int cmd_inspect(const Argv& argv) {
   const std::string cmd = "inspect";
-  auto args = Args::parse(argv, {{}, {}, 1});
+  auto args = Args::parse(argv, {{"--max-context", "--max-sequences", "--gpu-memory"}, {"--exact"}, 1});
   if (!args) return fail(cmd, args.message());
   if (args->positionals().empty()) return fail(cmd, "missing DIR");
   const std::string dir = args->positionals()[0];
@@ -23,6 +58,22 @@ int cmd_inspect(const Argv& argv) {
   auto w = model::bind_weights(*config, *ck);
   if (!w) return fail(cmd, w.message());
   const auto& c = *config;
+  backend::MemoryPlanOptions plan_opt;
+  auto max_seqs = args->get_int("--max-sequences", plan_opt.max_sequences);
+  if (!max_seqs) return fail(cmd, max_seqs.message());
+  if (*max_seqs < 1 || *max_seqs > 4096) return fail(cmd, "flag --max-sequences must be in [1, 4096]");
+  auto max_ctx = args->get_int("--max-context", 0);
+  if (!max_ctx) return fail(cmd, max_ctx.message());
+  if (*max_ctx < 0 || *max_ctx > c.max_position_embeddings)
+    return fail(cmd, "flag --max-context must be in [0, max_position_embeddings " +
+                         std::to_string(c.max_position_embeddings) + "] (0: the default)");
+  auto gpu_gb = args->get_double("--gpu-memory", 0.0);
+  if (!gpu_gb) return fail(cmd, gpu_gb.message());
+  if (*gpu_gb < 0) return fail(cmd, "flag --gpu-memory must be a positive number of GB");
+  plan_opt.max_sequences = static_cast<int>(*max_seqs);
+  plan_opt.max_context = *max_ctx;
+  plan_opt.exact = args->has("--exact");
+  plan_opt.matrix_dtype = w->embed_tokens.dtype;
 
   std::string pattern;
   for (auto t : c.layer_types) pattern += t == model::LayerType::kFullAttention ? 'F' : 'L';
@@ -65,6 +116,7 @@ int cmd_inspect(const Argv& argv) {
   for (const auto& [name, f] : formats)
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));
+  print_memory_plan(backend::estimate_memory_plan(c, plan_opt), plan_opt, *gpu_gb);
   return 0;
 }
 

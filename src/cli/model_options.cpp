@@ -36,6 +36,18 @@ core::Expected<engine::SamplingParams> parse_sampling(const Args& args) {
   p.top_k = static_cast<int>(k);
   p.top_p = static_cast<float>(tp);
   p.seed = static_cast<uint64_t>(seed);
+  DF_ASSIGN(double min_p, args.get_double("--min-p", 0.0));
+  DF_ASSIGN(double presence, args.get_double("--presence-penalty", 0.0));
+  DF_ASSIGN(double frequency, args.get_double("--frequency-penalty", 0.0));
+  DF_ASSIGN(double repetition, args.get_double("--repetition-penalty", 1.0));
+  if (min_p < 0 || min_p > 1) return core::Error{"flag --min-p must be in [0, 1]"};
+  if (presence < -2 || presence > 2) return core::Error{"flag --presence-penalty must be in [-2, 2]"};
+  if (frequency < -2 || frequency > 2) return core::Error{"flag --frequency-penalty must be in [-2, 2]"};
+  if (repetition <= 0 || repetition > 10) return core::Error{"flag --repetition-penalty must be in (0, 10]"};
+  p.min_p = static_cast<float>(min_p);
+  p.presence_penalty = static_cast<float>(presence);
+  p.frequency_penalty = static_cast<float>(frequency);
+  p.repetition_penalty = static_cast<float>(repetition);
   return p;
 }
 

@@ -12,7 +12,7 @@ namespace deltaflow::cli {
 // --model DIR (default: the house model), --device cpu|cuda|auto.
 std::string model_dir(const Args& args);
 core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args);
-// --temperature, --top-k, --top-p, --seed.
+// --temperature, --top-k, --top-p, --min-p, --seed and the presence / frequency / repetition penalties.
 core::Expected<engine::SamplingParams> parse_sampling(const Args& args);
 
 }  // namespace deltaflow::cli

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "engine/token_picker.hpp"
 #ifdef DELTAFLOW_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
@@ -42,9 +43,12 @@ core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<i
   std::vector<float> logits;
   backend::PrefillItem item{seq.get(), prompt, false};
   DF_TRY(b.prefill(std::span<const backend::PrefillItem>(&item, 1), logits));
-  Sampler sampler(opt.sampling);
+  TokenPicker picker(b, opt.sampling, /*need_logits=*/false);
+  picker.add_prompt(prompt);
+  DF_TRY(picker.start(logits));
   for (int i = 0; i < opt.max_tokens; ++i) {
-    const int32_t id = sampler.sample(logits);
+    const int32_t id = picker.pick(logits);
+    picker.accept(id);
     r.ids.push_back(id);
     if (on_token && !on_token(id)) {
       r.finish_reason = "stop";
@@ -55,9 +59,7 @@ core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<i
       break;
     }
     if (i + 1 == opt.max_tokens) break;
-    backend::SequenceState* s = seq.get();
-    DF_TRY(
-        b.decode(std::span<backend::SequenceState* const>(&s, 1), std::span<const int32_t>(&id, 1), logits));
+    DF_TRY(picker.advance(seq.get(), id, logits));
   }
   return r;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "engine/token_picker.hpp"
+
 namespace deltaflow::engine {
 
 Scheduler::Scheduler(backend::Backend& backend, const SchedulerOptions& options)
@@ -128,8 +130,10 @@ void Scheduler::serve_one(GenerationRequest& r) {
     return fail(s.message());
 
   const size_t V = static_cast<size_t>(vocab);
-  Sampler sampler(r.sampling);
-  if (r.sampling.repetition_penalty != 1.0f) sampler.add_prompt(r.prompt);
+  // Sampling runs on the backend when it can and the request reads no logits (logprobs).
+  TokenPicker picker(backend_, r.sampling, /*need_logits=*/r.logprobs);
+  picker.add_prompt(r.prompt);
+  if (auto s = picker.start(std::span<const float>(logits.data(), V)); !s) return fail(s.message());
   std::deque<int32_t> forced(r.forced_ids.begin(), r.forced_ids.end());
   bool in_thought = r.thinking.open_at_start;
   bool closing = false;  // the forced close of the thought is under way
@@ -155,9 +159,9 @@ void Scheduler::serve_one(GenerationRequest& r) {
       id = forced.front();
       forced.pop_front();
     } else {
-      id = sampler.sample(row);
+      id = picker.pick(row);
     }
-    sampler.accept(id);
+    picker.accept(id);
     ++generated;
 
     SampledToken tok;
@@ -193,10 +197,7 @@ void Scheduler::serve_one(GenerationRequest& r) {
     e.tokens.push_back(std::move(tok));
     r.channel->push(std::move(e));
 
-    backend::SequenceState* s = seq.get();
-    if (auto st = backend_.decode(std::span<backend::SequenceState* const>(&s, 1),
-                                  std::span<const int32_t>(&id, 1), logits);
-        !st) {
+    if (auto st = picker.advance(seq.get(), id, logits); !st) {
       done.completion_tokens = generated;
       return fail(st.message());
     }

@@ -20,6 +20,7 @@
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/norm.cuh"
+#include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
 #include "model/weights.hpp"
 
@@ -1036,6 +1037,38 @@ core::Status CudaBackend::decode(std::span<SequenceState* const> seqs, std::span
 core::Status CudaBackend::decode_greedy(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                                         std::vector<int32_t>& ids) {
   return decode_impl(seqs, tokens, nullptr, &ids);
+}
+
+core::Status CudaBackend::decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                                        std::span<const SamplingSpec> specs, std::vector<int32_t>& ids) {
+  if (specs.size() != seqs.size()) return core::Error{"decode_sample: one sampling spec per sequence"};
+  if (std::all_of(specs.begin(), specs.end(), [](const SamplingSpec& s) { return s.is_plain_greedy(); }))
+    return decode_impl(seqs, tokens, nullptr, &ids);
+  if (!sampling_) sampling_ = std::make_unique<SamplingBatch>();
+  ids.clear();
+  // decode_impl leaves the last group's logits in ws_.logits, so sample group by group.
+  for (size_t g0 = 0; g0 < seqs.size(); g0 += kGemvMaxRows) {
+    const size_t m = std::min<size_t>(kGemvMaxRows, seqs.size() - g0);
+    DF_TRY(decode_impl(seqs.subspan(g0, m), tokens.subspan(g0, m), nullptr, nullptr));
+    DF_TRY(sampling_->run(ws_.logits, config_.vocab_size, specs.subspan(g0, m), stream_, ids));
+  }
+  return core::Status();
+}
+
+core::Status CudaBackend::sample_logits(std::span<const float> logits, std::span<const SamplingSpec> specs,
+                                        std::vector<int32_t>& ids) {
+  const size_t V = static_cast<size_t>(config_.vocab_size);
+  if (logits.size() != specs.size() * V) return core::Error{"sample_logits: one logits row per spec"};
+  if (!sampling_) sampling_ = std::make_unique<SamplingBatch>();
+  ids.clear();
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(kLogitRows, kGemvMaxRows));  // rows of ws_.logits
+  for (size_t r0 = 0; r0 < specs.size(); r0 += cap) {
+    const size_t m = std::min(cap, specs.size() - r0);
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.logits, logits.data() + r0 * V, m * V * 4, cudaMemcpyHostToDevice, stream_));
+    DF_TRY(sampling_->run(ws_.logits, config_.vocab_size, specs.subspan(r0, m), stream_, ids));
+  }
+  return core::Status();
 }
 
 }  // namespace deltaflow::backend::cuda

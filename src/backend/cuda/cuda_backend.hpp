@@ -82,6 +82,7 @@ struct MemoryPlan {
 };
 
 class CudaBackend;
+class SamplingBatch;
 
 class CudaSequenceState final : public SequenceState {
  public:
@@ -113,6 +114,13 @@ class CudaBackend final : public Backend {
   // cross to the host.
   core::Status decode_greedy(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                              std::vector<int32_t>& ids);
+  // Sampling on the GPU (sampling.cuh): decode, then ids[i] drawn under specs[i]; or draws from host logits
+  // rows (the token after a prefill). Plain greedy rows use decode_greedy's in-graph argmax.
+  bool can_sample() const override { return true; }
+  core::Status decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                             std::span<const SamplingSpec> specs, std::vector<int32_t>& ids) override;
+  core::Status sample_logits(std::span<const float> logits, std::span<const SamplingSpec> specs,
+                             std::vector<int32_t>& ids) override;
 
   const MemoryPlan& memory_plan() const { return plan_; }
   const CudaOptions& options() const { return opt_; }
@@ -199,6 +207,8 @@ class CudaBackend final : public Backend {
   std::vector<int> host_moe_ids_;
 
   std::array<cudaGraphExec_t, 6> graphs_{};  // buckets 1, 2, 4, 8, 16, 32
+
+  std::unique_ptr<SamplingBatch> sampling_;  // GPU sampling's staging, made on first use
 };
 
 }  // namespace deltaflow::backend::cuda

@@ -1,0 +1,188 @@
+#include "backend/memory_plan.hpp"
+
+#include <algorithm>
+#include <vector>
+
+namespace deltaflow::backend {
+
+namespace {
+
+// Constants of the CUDA backend the plan depends on (kLogitRows in cuda_backend.cpp, kGemvMaxRows in
+// gemv.cuh, kAttnSplitKeys in attention.cuh, kGemmWorkspace in cuda_backend.cpp, kGdnChunkLen in
+// gdn_chunked.cuh).
+constexpr int64_t kLogitRows = 256;
+constexpr int64_t kGemvMaxRows = 32;
+constexpr int64_t kAttnSplitKeys = 64;
+constexpr size_t kGemmWorkspace = 32u << 20;
+constexpr int64_t kGdnChunkLen = 64;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
+// Sizes one allocation made of 256-byte-aligned pieces, as the backend's Layout and workspace do.
+class Sizer {
+ public:
+  void add(size_t bytes) { size_ = align_up(size_, kAlign) + bytes; }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+size_t weight_bytes(const model::TextConfig& c, size_t es) {
+  using model::LayerType;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  auto mat = [&](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols) * es; };
+  auto vec = [](int64_t n) { return static_cast<size_t>(n) * 4; };
+  Sizer s;
+  s.add(mat(V, H));                                      // embed_tokens
+  if (!c.tie_word_embeddings) s.add(mat(V, H));          // lm_head
+  s.add(vec(H));                                         // final norm
+  s.add(vec(std::max<int64_t>(c.rotary_dim() / 2, 1)));  // inv_freq
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    s.add(vec(H));  // input norm
+    s.add(vec(H));  // post-attention norm
+    if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
+      s.add(mat(C + vd + 2 * nv, H));  // in_proj [qkv | z | b | a]
+      s.add(vec(C * c.linear_conv_kernel_dim));
+      s.add(vec(nv));  // dt_bias
+      s.add(vec(nv));  // A_log
+      s.add(vec(dv));  // gated norm
+      s.add(mat(H, vd));
+    } else {
+      s.add(mat(nh * qw + 2 * nkv * hd, H));  // q/k/v_proj
+      s.add(vec(hd));
+      s.add(vec(hd));
+      s.add(mat(H, nh * hd));
+    }
+    if (!c.layer_is_moe(i)) {
+      s.add(mat(2 * c.intermediate_size, H));
+      s.add(mat(H, c.intermediate_size));
+    } else {
+      const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+      s.add(mat(E + 1, H));  // [router | shared expert gate]
+      s.add(mat(E * 2 * Im, H));
+      s.add(mat(E * H, Im));
+      s.add(mat(2 * Is, H));
+      s.add(mat(H, Is));
+    }
+  }
+  return s.size();
+}
+
+// The chunked Gated DeltaNet prefill's per-chunk records for one R-token sequence (fast mode only; as
+// gdn_chunked_supported / gdn_chunked_workspace_bytes in gdn_chunked.cu, chunks of kGdnChunkLen tokens).
+size_t gdn_chunk_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt, int64_t R) {
+  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  const bool supported =
+      nk > 0 && nv > 0 && nv % nk == 0 && (dk == 64 || dk == 128) && (dv == 64 || dv == 128);
+  if (c.count_layers(model::LayerType::kLinearAttention) == 0 || opt.exact || !supported) return 0;
+  const int64_t recs = (R + kGdnChunkLen - 1) / kGdnChunkLen * nv, L = kGdnChunkLen;
+  const size_t parts[6] = {static_cast<size_t>(recs * L * dk) * 2, static_cast<size_t>(recs * L * dk) * 2,
+                           static_cast<size_t>(recs * L * dk) * 2, static_cast<size_t>(recs * L * L) * 2,
+                           static_cast<size_t>(recs * L * dv) * 4, static_cast<size_t>(recs) * 4};
+  size_t total = 0;
+  for (size_t b : parts) total += align_up(b, kAlign);
+  return total;
+}
+
+size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt, int64_t max_ctx) {
+  using model::LayerType;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t n_lin = c.count_layers(LayerType::kLinearAttention),
+                n_full = c.count_layers(LayerType::kFullAttention);
+  const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim(), nv = c.linear_num_value_heads;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  const int64_t max_splits = (max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys;
+  const int64_t R = std::max<int64_t>(opt.prefill_chunk, kGemvMaxRows);
+  const int64_t E = c.is_moe() ? c.num_experts : 0, K = c.is_moe() ? c.num_experts_per_tok : 0;
+  const int64_t Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t RK = R * std::max<int64_t>(K, 1);
+  int64_t I = 0;
+  bool any_dense = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (!c.layer_is_moe(i)) {
+      any_dense = true;
+      I = std::max(I, c.intermediate_size);
+    }
+  int64_t Pmax = 1;
+  if (n_lin) Pmax = std::max(Pmax, C + vd + 2 * nv);
+  if (n_full) Pmax = std::max(Pmax, nh * qw + 2 * nkv * hd);
+  if (any_dense) Pmax = std::max(Pmax, 2 * I);
+  if (E) Pmax = std::max(Pmax, 2 * Is);
+  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
+  const int64_t part = std::max(R * nh * hd, kGemvMaxRows * nh * max_splits * hd);
+  const int64_t part_ml = std::max(R * nh * 2, kGemvMaxRows * nh * max_splits * 2);
+  const std::vector<int64_t> words = {R * H,
+                                      R * H,
+                                      R * H,
+                                      R * Pmax,  // h, xn, y, proj
+                                      n_lin ? R * C : 1,
+                                      n_lin ? R * vd : 1,  // conv, gdn
+                                      n_full ? R * nh * hd : 1,
+                                      n_full ? R * nh * hd : 1,  // q, attn
+                                      n_full ? part : 1,
+                                      n_full ? part_ml : 1,               // split-attention partials
+                                      R * std::max<int64_t>({I, Is, 1}),  // act
+                                      E ? R * E : 1,
+                                      E ? RK : 1,
+                                      E ? RK * 2 * Im : 1,
+                                      E ? RK * Im : 1,  // router, moe_w, gu_s, act_s
+                                      E ? RK * H : 1,
+                                      E ? RK * H : 1,
+                                      E ? RK * H : 1,
+                                      E ? R * H : 1,
+                                      E ? R : 1,  // y_slot xs ys y_shared gate
+                                      std::max<int64_t>(kLogitRows, kGemvMaxRows) * V,  // logits
+                                      E ? RK : 1,
+                                      E ? RK : 1,
+                                      E ? RK : 1,  // moe ids, sort order
+                                      R,
+                                      R,
+                                      R,
+                                      kGemvMaxRows};  // ids, pos, slot, out ids
+  Sizer s;
+  for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);
+  const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
+  s.add(std::max<size_t>(x16_elems * 2, 16));  // 16-bit copies of matmul inputs for cuBLASLt
+  s.add(std::max<size_t>(gdn_chunk_bytes(c, opt, R), 16));
+  return s.size();
+}
+
+}  // namespace
+
+MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const MemoryPlanOptions& opt) {
+  using model::LayerType;
+  MemoryPlanEstimate p;
+  const int64_t n_lin = c.count_layers(LayerType::kLinearAttention),
+                n_full = c.count_layers(LayerType::kFullAttention);
+  const int64_t max_ctx =
+      opt.max_context > 0 ? opt.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
+  const int slots = opt.max_sequences + 1;
+  p.slots = slots;
+  p.max_context = max_ctx;
+  p.kv_f32 = opt.exact;
+  const size_t kv_es = opt.exact ? 4 : 2;
+  const int64_t conv_slot = n_lin * c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
+  const int64_t gdn_slot = n_lin * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  const int64_t kv_slot = n_full * c.num_key_value_heads * max_ctx * c.head_dim;
+  p.states = align_up(static_cast<size_t>(slots * conv_slot) * 4, kAlign) +
+             align_up(static_cast<size_t>(slots * gdn_slot) * 4, kAlign);
+  p.kv = 2 * align_up(static_cast<size_t>(slots * kv_slot) * kv_es, kAlign);
+  p.kv_bytes_per_token = 2 * static_cast<size_t>(n_full * c.num_key_value_heads * c.head_dim) * kv_es;
+  p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;
+  p.weights = weight_bytes(c, core::dtype_size(opt.matrix_dtype));
+  p.workspace = workspace_bytes(c, opt, max_ctx);
+  p.gemm_workspace = kGemmWorkspace;
+  return p;
+}
+
+}  // namespace deltaflow::backend

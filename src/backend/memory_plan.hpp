@@ -1,0 +1,38 @@
+// The device memory the CUDA backend plans at load (CudaBackend::plan_memory), computed from the config alone
+// so that `deltaflow inspect` can print it on a machine without a GPU: weights, KV cache, recurrent states,
+// activation workspace. The same formulas as plan_memory; a gpu test holds the two equal.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.hpp"
+#include "model/config.hpp"
+
+namespace deltaflow::backend {
+
+struct MemoryPlanOptions {
+  int max_sequences = 4;                          // as CudaOptions
+  int64_t max_context = 0;                        // 0: min(max_position_embeddings, 32768)
+  int64_t prefill_chunk = 4096;                   // as CudaOptions
+  bool exact = false;                             // fp32 KV cache and no 16-bit activation copies
+  core::DType matrix_dtype = core::DType::kBF16;  // element type of the weight matrices
+};
+
+struct MemoryPlanEstimate {
+  size_t weights = 0;         // one allocation: matrices in matrix_dtype, norms and small vectors in fp32
+  size_t kv = 0;              // K and V of every full-attention layer, all slots, max_context positions
+  size_t states = 0;          // conv + fp32 Gated DeltaNet states, all slots
+  size_t workspace = 0;       // activations for one forward of max(prefill_chunk, 32) rows, and the logits
+  size_t gemm_workspace = 0;  // cuBLASLt's workspace
+  int slots = 0;              // max_sequences + 1 scratch slot (pads the decode graph buckets)
+  int64_t max_context = 0;
+  bool kv_f32 = false;
+  size_t kv_bytes_per_token = 0;        // one sequence: K and V of every full-attention layer
+  size_t state_bytes_per_sequence = 0;  // one sequence: conv + Gated DeltaNet states of every linear layer
+  size_t total() const { return weights + kv + states + workspace + gemm_workspace; }
+};
+
+MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const MemoryPlanOptions& opt);
+
+}  // namespace deltaflow::backend

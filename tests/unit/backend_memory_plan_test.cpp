@@ -1,0 +1,104 @@
+// backend::estimate_memory_plan: the CUDA backend's memory plan from the config alone (what `inspect`
+// prints). Exact byte counts, worked out by hand for Qwen3.6-27B and from the shapes for the tiny presets.
+// (The gpu test CudaMemoryPlan holds them equal to what CudaBackend really allocates.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backend/memory_plan.hpp"
+#include "model/config.hpp"
+#include "model/tiny_checkpoint.hpp"
+
+namespace deltaflow::backend {
+namespace {
+
+model::TextConfig qwen36_27b() {
+  std::ifstream f(std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.6-27b.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto c = model::parse_text_config(ss.str(), "qwen3.6-27b.json");
+  EXPECT_TRUE(c.is_ok()) << c.message();
+  return c.is_ok() ? *c : model::TextConfig{};
+}
+
+TEST(MemoryPlan, Qwen36_27bByHand) {
+  const auto c = qwen36_27b();
+  ASSERT_EQ(c.num_hidden_layers, 64);
+  const auto p = estimate_memory_plan(c, {});
+  // 16 full-attention layers x K and V x 4 kv heads x 256 dims x 2 bytes (bf16).
+  EXPECT_EQ(p.kv_bytes_per_token, 16u * 2 * 4 * 256 * 2);
+  EXPECT_EQ(p.kv_bytes_per_token, 65536u);
+  // Defaults: 4 sequences + 1 scratch slot, min(262144, 32768) positions.
+  EXPECT_EQ(p.slots, 5);
+  EXPECT_EQ(p.max_context, 32768);
+  EXPECT_EQ(p.kv, 5ull * 32768 * 65536);  // 10 GiB
+  // 48 linear layers: conv state conv_dim (2*16*128 + 48*128 = 10240) x (4 - 1), fp32 state 48 x 128 x 128.
+  EXPECT_EQ(p.state_bytes_per_sequence, 48ull * (10240 * 3 + 48 * 128 * 128) * 4);
+  EXPECT_EQ(p.state_bytes_per_sequence, 156893184u);
+  EXPECT_EQ(p.states, 5ull * 156893184);
+  // Matrices (bf16): embed + lm_head 2 x 248320 x 5120; per linear layer in_proj (10240 + 6144 + 96) x 5120
+  // and out_proj 5120 x 6144; per full layer q/k/v (24 x 512 + 2 x 4 x 256) x 5120 and o_proj 5120 x 6144;
+  // per layer gate/up 2 x 17408 x 5120 and down 5120 x 17408: 26,893,352,960 parameters, 53,786,705,920
+  // bytes. fp32 vectors, each padded to 256 bytes: final norm 20480, inv_freq 128 -> 256, 2 norms x 20480 per
+  // layer, per linear layer conv 163840 + dt_bias 192 -> 256 + A_log 256 + norm 512, per full layer 2 x 1024:
+  // 10,588,416 bytes.
+  EXPECT_EQ(p.weights, 53786705920ull + 10588416ull);
+  EXPECT_FALSE(p.kv_f32);
+  EXPECT_EQ(p.total(), p.weights + p.kv + p.states + p.workspace + p.gemm_workspace);
+}
+
+TEST(MemoryPlan, Qwen36_27bOptions) {
+  const auto c = qwen36_27b();
+  MemoryPlanOptions o;
+  o.max_sequences = 16;
+  o.max_context = 131072;
+  o.exact = true;
+  const auto p = estimate_memory_plan(c, o);
+  EXPECT_EQ(p.kv_bytes_per_token, 131072u);  // fp32 cache
+  EXPECT_EQ(p.kv, 17ull * 131072 * 131072);
+  EXPECT_EQ(p.states, 17ull * 156893184);
+  EXPECT_TRUE(p.kv_f32);
+  // The exact mode keeps no 16-bit copies of matmul inputs: a smaller workspace.
+  MemoryPlanOptions fast = o;
+  fast.exact = false;
+  EXPECT_LT(p.workspace, estimate_memory_plan(c, fast).workspace);
+}
+
+TEST(MemoryPlan, TinyPresetsFromShapes) {
+  for (const auto& preset : model::tiny_presets()) {
+    SCOPED_TRACE(preset);
+    const auto dir = (std::filesystem::temp_directory_path() /
+                      ("df_memory_plan_" + preset + "_" + std::to_string(::getpid())))
+                         .string();
+    ASSERT_TRUE(model::write_tiny_checkpoint(preset, 1, dir).is_ok());
+    auto cfg = model::load_text_config(dir);
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(cfg.is_ok()) << cfg.message();
+    const auto& c = *cfg;
+    const uint64_t n_full = static_cast<uint64_t>(c.count_layers(model::LayerType::kFullAttention));
+    const uint64_t n_lin = static_cast<uint64_t>(c.count_layers(model::LayerType::kLinearAttention));
+    MemoryPlanOptions o;
+    o.max_sequences = 2;
+    o.max_context = 100;
+    const auto p = estimate_memory_plan(c, o);
+    const uint64_t kv_tok = 2 * n_full * static_cast<uint64_t>(c.num_key_value_heads * c.head_dim) * 2;
+    EXPECT_EQ(p.kv_bytes_per_token, kv_tok);
+    auto pad = [](uint64_t n) { return (n + 255) / 256 * 256; };
+    EXPECT_EQ(p.kv, 2 * pad(3 * 100 * kv_tok / 2));
+    const uint64_t conv = n_lin * static_cast<uint64_t>(c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1));
+    const uint64_t gdn = n_lin * static_cast<uint64_t>(c.linear_num_value_heads * c.linear_key_head_dim *
+                                                       c.linear_value_head_dim);
+    EXPECT_EQ(p.state_bytes_per_sequence, (conv + gdn) * 4);
+    EXPECT_EQ(p.states, pad(3 * conv * 4) + pad(3 * gdn * 4));
+    EXPECT_EQ(p.slots, 3);
+    EXPECT_EQ(p.max_context, 100);
+    EXPECT_GT(p.weights, 0u);
+    EXPECT_GT(p.workspace, static_cast<size_t>(256 * c.vocab_size * 4));  // at least the logits buffer
+  }
+}
+
+}  // namespace
+}  // namespace deltaflow::backend
