@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/common.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -239,6 +240,9 @@ cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
   if (a.nkv <= 0 || a.nh % a.nkv != 0 || a.n_tokens > 65535 * 32) return cudaErrorInvalidValue;
   if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535)) return cudaErrorInvalidValue;
   AttnArgs b = a;
+  // Prefill over a bf16 cache ("fast" mode) runs on the tensor cores; the fp32 cache ("exact" mode) and
+  // shapes that kernel does not take stay on the fp32 SIMT kernel below.
+  if (attention_prefill_tc_supports(b)) return attention_prefill_tc(b, stream);
   if (b.prefill) b.max_splits = 1;  // one split: the partial buffers are [tokens, nh, 1, hd]
   return b.cache.f32 ? dispatch_hd<float>(b, stream) : dispatch_hd<__nv_bfloat16>(b, stream);
 }
