@@ -64,7 +64,8 @@ RoundedReference::Sequence RoundedReference::new_sequence() const {
 
 void RoundedReference::linear(const float* x, int64_t T, const model::Mat& W, float* y,
                               bool never_round) const {
-  const bool round = opt_.round_gemm_inputs && !never_round && T > opt_.gemm_rows && W.cols % 8 == 0 &&
+  const bool round = opt_.round_gemm_inputs && !never_round &&
+                     ((T > opt_.gemm_rows && W.cols % 8 == 0) || (T > opt_.mma_rows && W.cols % 32 == 0)) &&
                      (W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16);
   if (!round) {
     cpu::linear(x, T, W, y);
@@ -159,35 +160,84 @@ void RoundedReference::full_attention(size_t layer, int64_t ai, const float* x, 
   std::vector<float> o(static_cast<size_t>(T * nh * hd), 0.f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> sc(static_cast<size_t>(p0 + T));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t kvh = h / grp, n = p0 + t + 1;
-      const float* qh = q.data() + (t * nh + h) * hd;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* kj = kc.data() + (j * nkv + kvh) * hd;
-        float d = 0;
-        for (int64_t i = 0; i < hd; ++i) d += qh[i] * kj[i];
-        sc[j] = d * scale;
+  if (opt_.bf16_kv && T > 1 && (hd == 64 || hd == 128 || hd == 256)) {
+    tensor_core_prefill_attention(q, kc, vc, T, p0, o);
+  } else {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < nh; ++h) {
+        const int64_t kvh = h / grp, n = p0 + t + 1;
+        const float* qh = q.data() + (t * nh + h) * hd;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kc.data() + (j * nkv + kvh) * hd;
+          float d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += qh[i] * kj[i];
+          sc[j] = d * scale;
+        }
+        cpu::softmax(sc.data(), n);
+        float* oh = o.data() + (t * nh + h) * hd;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* vj = vc.data() + (j * nkv + kvh) * hd;
+          for (int64_t i = 0; i < hd; ++i) oh[i] += sc[j] * vj[i];
+        }
       }
-      cpu::softmax(sc.data(), n);
-      float* oh = o.data() + (t * nh + h) * hd;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vj = vc.data() + (j * nkv + kvh) * hd;
-        for (int64_t i = 0; i < hd; ++i) oh[i] += sc[j] * vj[i];
-      }
-    }
+  }
   if (c.attn_output_gate)
     for (int64_t i = 0; i < T * nh * hd; ++i) o[i] *= cpu::sigmoid(gate[i]);
   linear(o.data(), T, W.o_proj, out);
 }
 
-void RoundedReference::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) const {
+// backend/cuda/attention_prefill.cu's numerics: q rounded to bf16; per 64-key tile (from key 0) an fp32
+// online softmax in the log2 domain with the weights p rounded to bf16 before p.v; l sums the unrounded p.
+void RoundedReference::tensor_core_prefill_attention(std::vector<float> q, const std::vector<float>& kc,
+                                                     const std::vector<float>& vc, int64_t T, int64_t p0,
+                                                     std::vector<float>& o) const {
+  const int64_t nh = c_.num_attention_heads, nkv = c_.num_key_value_heads, hd = c_.head_dim, grp = nh / nkv;
+  constexpr int64_t kKeys = 64;
+  const float sl = 1.0f / std::sqrt(static_cast<float>(hd)) * 1.4426950408889634f;
+  for (auto& e : q) e = core::round_bf16(e);
+  std::vector<float> s(kKeys), acc(static_cast<size_t>(hd));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t kvh = h / grp, n = p0 + t + 1;
+      const float* qh = q.data() + (t * nh + h) * hd;
+      float m = -INFINITY, l = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
+        const int64_t nk = std::min(kKeys, n - j0);
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < nk; ++j) {
+          const float* kj = kc.data() + ((j0 + j) * nkv + kvh) * hd;
+          float d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += qh[i] * kj[i];
+          s[static_cast<size_t>(j)] = d;
+          mx = std::max(mx, d);
+        }
+        const float mn = std::max(m, mx * sl), corr = std::exp2(m - mn);
+        m = mn;
+        float sum = 0.f;
+        for (auto& a : acc) a *= corr;
+        for (int64_t j = 0; j < nk; ++j) {
+          const float p = std::exp2(std::fma(s[static_cast<size_t>(j)], sl, -mn));
+          sum += p;
+          const float pb = core::round_bf16(p);
+          const float* vj = vc.data() + ((j0 + j) * nkv + kvh) * hd;
+          for (int64_t i = 0; i < hd; ++i) acc[static_cast<size_t>(i)] += pb * vj[i];
+        }
+        l = l * corr + sum;
+      }
+      float* oh = o.data() + (t * nh + h) * hd;
+      for (int64_t i = 0; i < hd; ++i) oh[i] = acc[static_cast<size_t>(i)] / l;
+    }
+}
+
+void RoundedReference::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
+                              bool never_round) const {
   const int64_t I = m.gate_proj.rows;
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
-  linear(x, T, m.gate_proj, g.data());
-  linear(x, T, m.up_proj, u.data());
+  linear(x, T, m.gate_proj, g.data(), never_round);
+  linear(x, T, m.up_proj, u.data(), never_round);
   for (int64_t i = 0; i < T * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
-  linear(g.data(), T, m.down_proj, out);
+  linear(g.data(), T, m.down_proj, out, never_round);
 }
 
 void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) {
@@ -199,6 +249,8 @@ void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) 
     return;
   }
   const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  // Up to gemm_rows tokens the MoE block runs the fused fp32 decode kernels (moe_decode.cuh): no rounding.
+  const bool fp32_block = T <= opt_.gemm_rows;
   std::vector<float> probs(static_cast<size_t>(T * E));
   linear(x, T, L.moe.router, probs.data(), /*never_round=*/true);
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
@@ -224,12 +276,12 @@ void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) 
     ye.resize(static_cast<size_t>(n * H));
     for (int64_t i = 0; i < n; ++i)
       std::copy(x + rows[i].first * H, x + (rows[i].first + 1) * H, xe.begin() + i * H);
-    swiglu(L.moe.experts[e], xe.data(), n, ye.data());
+    swiglu(L.moe.experts[e], xe.data(), n, ye.data(), fp32_block);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < H; ++d) out[rows[i].first * H + d] += rows[i].second * ye[i * H + d];
   }
   std::vector<float> sh(static_cast<size_t>(T * H)), gl(static_cast<size_t>(T));
-  swiglu(L.moe.shared_expert, x, T, sh.data());
+  swiglu(L.moe.shared_expert, x, T, sh.data(), fp32_block);
   linear(x, T, L.moe.shared_expert_gate, gl.data(), /*never_round=*/true);
   for (int64_t t = 0; t < T; ++t) {
     const float gate = cpu::sigmoid(gl[t]);

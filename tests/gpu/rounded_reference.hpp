@@ -2,10 +2,12 @@
 // backend's default-mode rounding made explicit, so that mode can be checked tightly on the tiny models,
 // which amplify bf16 rounding far beyond its 2^-9 (transformers with bf16-rounded matmul inputs moves their
 // logits by 2e-2 to 2e-1; see cuda_model_test.cpp).
-//   - a matmul over more than `gemm_rows` rows takes its input rounded to the weight's 16-bit type
-//   (cuBLASLt);
+//   - a matmul over more than `gemm_rows` rows (cuBLASLt), or over more than `mma_rows` with K % 32 == 0 (the
+//     tensor-core GEMV), takes its input rounded to the weight's 16-bit type;
 //     the MoE router and shared-expert gate never do; routed experts count their own rows;
-//   - the KV cache holds bf16 (k after norm and RoPE, v as projected).
+//   - the KV cache holds bf16 (k after norm and RoPE, v as projected), and with it a prefill of more than one
+//     token at hd 64/128/256 takes the tensor-core attention's numerics (bf16 q and softmax weights, 64-key
+//     tiles of online softmax: backend/cuda/attention_prefill.cu).
 // With both off it is the CPU backend's function, which the test checks first.
 #pragma once
 
@@ -25,7 +27,8 @@ class RoundedReference {
  public:
   struct Options {
     bool round_gemm_inputs = true;
-    int64_t gemm_rows = 32;  // matmuls over more rows than this round their input
+    int64_t gemm_rows = 32;  // matmuls over more rows than this round their input (cuBLASLt)
+    int64_t mma_rows = 4;    // ... and over more than this when K % 32 == 0 (the tensor-core GEMV)
     bool bf16_kv = true;
   };
   struct Sequence {
@@ -43,8 +46,12 @@ class RoundedReference {
   void linear(const float* x, int64_t T, const model::Mat& W, float* y, bool never_round = false) const;
   void gated_deltanet(size_t l, int64_t li, const float* x, int64_t T, Sequence& s, float* out);
   void full_attention(size_t l, int64_t ai, const float* x, int64_t T, Sequence& s, float* out);
+  void tensor_core_prefill_attention(std::vector<float> q, const std::vector<float>& kc,
+                                     const std::vector<float>& vc, int64_t T, int64_t p0,
+                                     std::vector<float>& o) const;
   void ffn(size_t l, const float* x, int64_t T, float* out);
-  void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) const;
+  void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
+              bool never_round = false) const;
 
   Options opt_;
   model::TextConfig c_;

@@ -532,9 +532,10 @@ core::Status CudaBackend::plan_memory() {
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
   const int gk = static_cast<int>(c.linear_num_key_heads), gd = static_cast<int>(c.linear_key_head_dim),
             ge = static_cast<int>(c.linear_value_head_dim);
-  ws_.gdn_chunk_bytes = n_lin && !opt_.exact && gdn_chunked_supported(gk, static_cast<int>(nv), gd, ge)
-                            ? gdn_chunked_workspace_bytes(1, static_cast<int>(R), static_cast<int>(nv), gd, ge)
-                            : 0;
+  ws_.gdn_chunk_bytes =
+      n_lin && !opt_.exact && gdn_chunked_supported(gk, static_cast<int>(nv), gd, ge)
+          ? gdn_chunked_workspace_bytes(1, static_cast<int>(R), static_cast<int>(nv), gd, ge)
+          : 0;
   bufs.push_back({&ws_.gdn_chunk, std::max<size_t>(ws_.gdn_chunk_bytes, 16)});
   size_t total = 0;
   for (const auto& b : bufs) total = align_up(total, 256) + b.bytes;
@@ -633,17 +634,22 @@ core::Status CudaBackend::set_length(SequenceState& s, int64_t length) {
 // The forward pass
 
 core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
-                                 bool force_fp32) {
-  const bool use_gemm = !force_fp32 && !opt_.exact && T > kGemvMaxRows &&
-                        (W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16) && W.cols % 8 == 0 &&
-                        static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
+                                 bool force_fp32, bool swiglu) {
+  const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
+  const bool use_gemm = !force_fp32 && !opt_.exact && !swiglu && T > kGemvMaxRows && half &&
+                        W.cols % 8 == 0 && static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
   if (use_gemm) {
     DF_CUDA_TRY(convert_rows(x, ldx, T, W.cols, ws_.x16, W.dtype, stream_));
     return gemm_.run(W.data, W.dtype, W.rows, W.cols, ws_.x16, T, y, ldy, stream_);
   }
   for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, T - t0));
-    DF_CUDA_TRY(gemv(W.data, W.dtype, W.rows, W.cols, x + t0 * ldx, ldx, rows, y + t0 * ldy, ldy, stream_));
+    // Above kGemvSimtRows rows the tensor-core GEMV takes the activations in the weights' 16-bit type.
+    const bool mma = !force_fp32 && !opt_.exact && half && rows > kGemvSimtRows && W.cols % 32 == 0 &&
+                     static_cast<size_t>(rows * W.cols) <= ws_.x16_elems;
+    if (mma) DF_CUDA_TRY(convert_rows(x + t0 * ldx, ldx, rows, W.cols, ws_.x16, W.dtype, stream_));
+    DF_CUDA_TRY(gemv(W.data, W.dtype, W.rows, W.cols, x + t0 * ldx, ldx, mma ? ws_.x16 : nullptr, rows,
+                     GemvOut{y + t0 * ldy, ldy, swiglu}, stream_));
   }
   return core::Status();
 }
@@ -764,9 +770,14 @@ core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
   const int64_t H = config_.hidden_size, I = L.down.cols;
   // down(silu(gate(x)) * up(x))
   prof_.mark("ffn gate_up", stream_);
-  DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.proj, 2 * I));
-  prof_.mark("ffn swiglu", stream_);
-  DF_CUDA_TRY(swiglu(ws_.proj, 2 * I, n, I, ws_.act, I, stream_));
+  if (n <= kGemvMaxRows) {
+    // Decode: the GEMV writes silu(gate) * up itself.
+    DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.act, I, false, /*swiglu=*/true));
+  } else {
+    DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.proj, 2 * I));
+    prof_.mark("ffn swiglu", stream_);
+    DF_CUDA_TRY(swiglu(ws_.proj, 2 * I, n, I, ws_.act, I, stream_));
+  }
   prof_.mark("ffn down", stream_);
   return linear(ws_.act, I, n, L.down, ws_.y, H);
 }

@@ -150,8 +150,9 @@ class CudaBackend final : public Backend {
   core::Status ffn(const DLayer& L, int64_t n);
   core::Status moe(const DLayer& L, int64_t n);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
+  // swiglu: W is [gate | up] and y receives silu(gate) * up ([T, W.rows / 2]); decode row counts only.
   core::Status linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
-                      bool force_fp32 = false);
+                      bool force_fp32 = false, bool swiglu = false);
   // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
   core::Status lm_head(int64_t r0, int64_t rows);
   core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);

@@ -1,3 +1,5 @@
+#include <type_traits>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.cuh"
 
@@ -13,22 +15,39 @@ struct GemvArgs {
   const int* expert;  // grouped form when set
   const float* x;
   int64_t ldx;
+  const void* x16;  // [T, K] packed, the tensor-core kernel's activations
   int x_div;
   int T;
   float* y;
   int64_t ldy;
+  int64_t n_out;  // output columns: N, or N / 2 with SwiGLU
 };
 
-// Each warp owns R consecutive weight rows and streams them in 16-byte vectors (lane i takes vectors i, i+32,
-// ...), U vectors per row in flight before the first use. Each weight vector meets all T <= TT activation
-// rows while in registers, so the weights are read once however many rows x has.
-//   y[t, n0 + r] = sum_k W[n0 + r, k] * x[t, k]
-template <class WT, int R, int TT, int U>
-__global__ void __launch_bounds__(kThreads) kernel_gemv_vec(GemvArgs a) {
+// Output rows of a warp's weight rows: with SwiGLU the first half of the R rows are gate rows o0 + r, the
+// second half the matching up rows n_out + o0 + r.
+template <int R, bool SW>
+__device__ __forceinline__ int64_t weight_row(int64_t o0, int r, int64_t n_out) {
+  constexpr int kOut = SW ? R / 2 : R;
+  const int64_t o = min64(o0 + (r % kOut), n_out - 1);
+  return SW && r >= kOut ? o + n_out : o;
+}
+
+// ---- SIMT kernel
+// ---------------------------------------------------------------------------------------------- A block is
+// kWarps / KS row groups of KS warps; a group owns R consecutive weight rows (R/2 outputs with SwiGLU) and
+// its warps take interleaved 32-vector stretches of K (lane i of warp p: vectors 32 (p + KS j) + i), U
+// stretches in flight before the first use. Each weight vector meets all T <= TT activation rows while in
+// registers.
+template <class WT, int R, int TT, int U, int KS, bool SW>
+__global__ void __launch_bounds__(kThreads) kernel_gemv_simt(GemvArgs a) {
   constexpr int kV = Vec16<WT>::kN;
-  const int lane = threadIdx.x & 31;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
-  if (n0 >= a.N) return;
+  constexpr int kGroups = kWarps / KS;
+  constexpr int kOut = SW ? R / 2 : R;
+  __shared__ float red[kWarps][R * TT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / KS, kp = warp % KS;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kGroups + grp) * kOut;
+  const bool active = o0 < a.n_out;
   const WT* W = static_cast<const WT*>(a.W);
   const float* x = a.x;
   float* y = a.y;
@@ -41,7 +60,8 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_vec(GemvArgs a) {
   const int64_t nvec = a.K / kV;
   const uint4* wr[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + min(n0 + r, a.N - 1) * a.K);
+  for (int r = 0; r < R; ++r)
+    wr[r] = reinterpret_cast<const uint4*>(W + weight_row<R, SW>(active ? o0 : 0, r, a.n_out) * a.K);
 
   float acc[R][TT];
 #pragma unroll
@@ -49,61 +69,75 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_vec(GemvArgs a) {
 #pragma unroll
     for (int t = 0; t < TT; ++t) acc[r][t] = 0.0f;
 
-  for (int64_t base = lane; base < nvec; base += 32 * U) {
-    uint4 wv[U][R];
+  if (active) {
+    for (int64_t base = static_cast<int64_t>(kp) * 32 + lane; base < nvec; base += 32 * KS * U) {
+      uint4 wv[U][R];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * 32;
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + static_cast<int64_t>(u) * 32 * KS;
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        wv[u][r] = i < nvec ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);  // read once
-    }
+        for (int r = 0; r < R; ++r)
+          wv[u][r] = i < nvec ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);  // read once
+      }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * 32;
-      if (i < nvec) {
-        float wf[R][kV];
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + static_cast<int64_t>(u) * 32 * KS;
+        if (i < nvec) {
+          float wf[R][kV];
 #pragma unroll
-        for (int r = 0; r < R; ++r) unpack16(wv[u][r], wf[r], WT{});
+          for (int r = 0; r < R; ++r) unpack16(wv[u][r], wf[r], WT{});
 #pragma unroll
-        for (int t = 0; t < TT; ++t) {
-          if (t < a.T) {
-            const float4* xp = reinterpret_cast<const float4*>(x + t * a.ldx + i * kV);
-            float xv[kV];
+          for (int t = 0; t < TT; ++t) {
+            if (t < a.T) {
+              const float4* xp = reinterpret_cast<const float4*>(x + t * a.ldx + i * kV);
+              float xv[kV];
 #pragma unroll
-            for (int q = 0; q < kV / 4; ++q) {
-              const float4 f = xp[q];
-              xv[4 * q] = f.x;
-              xv[4 * q + 1] = f.y;
-              xv[4 * q + 2] = f.z;
-              xv[4 * q + 3] = f.w;
+              for (int q = 0; q < kV / 4; ++q) {
+                const float4 f = xp[q];
+                xv[4 * q] = f.x;
+                xv[4 * q + 1] = f.y;
+                xv[4 * q + 2] = f.z;
+                xv[4 * q + 3] = f.w;
+              }
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < kV; ++j) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
             }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-              for (int j = 0; j < kV; ++j) acc[r][t] = fmaf(wf[r][j], xv[j], acc[r][t]);
           }
         }
       }
     }
   }
+  // Each warp's sums, then the group's KS parts in a fixed order.
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
-      if (t < a.T) {
-        const float v = warp_sum(acc[r][t]);
-        if (lane == 0 && n0 + r < a.N) y[t * a.ldy + n0 + r] = v;
-      }
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0) red[warp][r * TT + t] = v;
     }
+  __syncthreads();
+  if (!active || kp != 0 || lane >= kOut * TT) return;
+  const int r = lane / TT, t = lane % TT;
+  if (t >= a.T || o0 + r >= a.n_out) return;
+  float s = 0.0f, u = 0.0f;
+#pragma unroll
+  for (int p = 0; p < KS; ++p) s += red[grp * KS + p][r * TT + t];
+  if constexpr (SW) {
+#pragma unroll
+    for (int p = 0; p < KS; ++p) u += red[grp * KS + p][(r + kOut) * TT + t];
+    s = silu_f(s) * u;
+  }
+  y[t * a.ldy + o0 + r] = s;
 }
 
-// Any shape and alignment: one warp per weight row, lanes striding over k.
+// Any shape and alignment: one warp per output row, lanes striding over k.
 template <class WT>
-__global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a) {
+__global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a, bool sw) {
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= a.N) return;
+  if (n >= a.n_out) return;
   const WT* W = static_cast<const WT*>(a.W);
   const float* x = a.x;
   float* y = a.y;
@@ -114,52 +148,316 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a) {
     y += static_cast<int64_t>(g) * a.ldy;
   }
   const WT* row = W + n * a.K;
+  const WT* up = sw ? W + (n + a.n_out) * a.K : row;
   for (int t = 0; t < a.T; ++t) {
-    float acc = 0.0f;
-    for (int64_t k = lane; k < a.K; k += 32) acc = fmaf(to_f32(row[k]), x[t * a.ldx + k], acc);
+    float acc = 0.0f, acc_u = 0.0f;
+    for (int64_t k = lane; k < a.K; k += 32) {
+      acc = fmaf(to_f32(row[k]), x[t * a.ldx + k], acc);
+      if (sw) acc_u = fmaf(to_f32(up[k]), x[t * a.ldx + k], acc_u);
+    }
     acc = warp_sum(acc);
+    if (sw) acc = silu_f(acc) * warp_sum(acc_u);
     if (lane == 0) y[t * a.ldy + n] = acc;
   }
 }
 
-template <class WT, int R, int TT, int U>
-cudaError_t launch_vec(const GemvArgs& a, int groups, cudaStream_t s) {
-  const dim3 grid(grid_1d(a.N, R * kWarps), static_cast<unsigned>(groups));
-  kernel_gemv_vec<WT, R, TT, U><<<grid, kThreads, 0, s>>>(a);
+// ---- tensor-core kernel
+// --------------------------------------------------------------------------------------- D[16x8] += A[16x16]
+// B[16x8], bf16 or f16 operands, fp32 accumulators.
+template <class WT>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (sizeof(WT) == 2 && std::is_same_v<WT, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// A warp owns MT tiles of 16 weight rows (with SwiGLU: 8 gate rows over the 8 matching up rows) and TN tiles
+// of 8 activation rows. Per 32-wide k block, lane (g = lane / 4, q = lane % 4) loads the 8 elements
+// [8q, 8q + 8) of weight rows g and g + 8 and of activation row g: words 0-1 of each feed the first
+// m16n8k16 and words 2-3 the second, as logical k {2q, 2q+1, 2q+8, 2q+9} of each. The KS warps of a group
+// take interleaved k blocks and add their accumulators in shared memory in a fixed order.
+template <class WT, int MT, int TN, int U, int KS, bool SW>
+__global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
+  constexpr int kGroups = kWarps / KS;
+  constexpr int kTileOut = SW ? 8 : 16;
+  constexpr int kAcc = MT * TN * 4;
+  __shared__ float red[KS > 1 ? kWarps : 1][KS > 1 ? kAcc : 1][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / KS, kp = warp % KS;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kGroups + grp) * (kTileOut * MT);
+  const bool active = o0 < a.n_out;
+  const WT* W = static_cast<const WT*>(a.W);
+  const WT* X = static_cast<const WT*>(a.x16);
+
+  const uint4 *wlo[MT], *whi[MT], *xr[TN];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    int64_t lo, hi;
+    if constexpr (SW) {
+      lo = min64(o0 + m * 8 + g, a.n_out - 1);
+      hi = lo + a.n_out;
+    } else {
+      lo = min64(o0 + m * 16 + g, a.N - 1);
+      hi = min64(o0 + m * 16 + g + 8, a.N - 1);
+    }
+    wlo[m] = reinterpret_cast<const uint4*>(W + lo * a.K) + q;
+    whi[m] = reinterpret_cast<const uint4*>(W + hi * a.K) + q;
+  }
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+    xr[j] = reinterpret_cast<const uint4*>(X + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.K) + q;
+
+  float acc[MT][TN][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < TN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
+
+  const int64_t nblk = a.K / 32;
+  if (active) {
+    for (int64_t b0 = kp; b0 < nblk; b0 += KS * U) {
+      uint4 wl[U][MT], wh[U][MT], xv[U][TN];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t blk = b0 + static_cast<int64_t>(u) * KS;
+        const bool ok = blk < nblk;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          wl[u][m] = ok ? __ldcs(wlo[m] + blk * 4) : make_uint4(0, 0, 0, 0);
+          wh[u][m] = ok ? __ldcs(whi[m] + blk * 4) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < TN; ++j) xv[u][j] = ok ? __ldg(xr[j] + blk * 4) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < TN; ++j) {
+            mma16816<WT>(acc[m][j], wl[u][m].x, wh[u][m].x, wl[u][m].y, wh[u][m].y, xv[u][j].x, xv[u][j].y);
+            mma16816<WT>(acc[m][j], wl[u][m].z, wh[u][m].z, wl[u][m].w, wh[u][m].w, xv[u][j].z, xv[u][j].w);
+          }
+    }
+  }
+  if constexpr (KS > 1) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < TN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][(m * TN + j) * 4 + e][lane] = acc[m][j][e];
+    __syncthreads();
+    if (kp != 0) return;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int j = 0; j < TN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = 0.0f;
+#pragma unroll
+          for (int p = 0; p < KS; ++p) s += red[grp * KS + p][(m * TN + j) * 4 + e][lane];
+          acc[m][j][e] = s;
+        }
+  }
+  if (!active) return;
+    // Accumulator e of tile (m, j): weight row g (e < 2) or g + 8 (e >= 2), activation row 8j + 2q + (e & 1).
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < TN; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int t = j * 8 + 2 * q + c;
+        if (t >= a.T) continue;
+        if constexpr (SW) {
+          const int64_t o = o0 + m * 8 + g;
+          if (o < a.n_out) a.y[t * a.ldy + o] = silu_f(acc[m][j][c]) * acc[m][j][2 + c];
+        } else {
+          const int64_t o = o0 + m * 16 + g;
+          if (o < a.N) a.y[t * a.ldy + o] = acc[m][j][c];
+          if (o + 8 < a.N) a.y[t * a.ldy + o + 8] = acc[m][j][2 + c];
+        }
+      }
+}
+
+// ---- plans and dispatch
+// ---------------------------------------------------------------------------------------
+struct SimtPlan {
+  int R, U, KS;
+};
+struct MmaPlan {
+  int MT, U, KS;
+};
+constexpr SimtPlan kSimtPlans[] = {{4, 4, 1}, {2, 4, 1}, {4, 4, 2}, {2, 4, 2}, {4, 4, 4},
+                                   {2, 4, 4}, {2, 8, 4}, {4, 2, 4}, {2, 2, 4}};
+constexpr MmaPlan kMmaPlans[] = {{1, 4, 1}, {1, 4, 2}, {1, 4, 4}, {2, 2, 4}, {2, 4, 2}, {1, 2, 4}, {2, 2, 2}};
+constexpr int kNumSimt = sizeof(kSimtPlans) / sizeof(kSimtPlans[0]);
+constexpr int kNumMma = sizeof(kMmaPlans) / sizeof(kMmaPlans[0]);
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return sms;
+  }();
+  return n;
+}
+
+// The dispatcher's plans: split K over the warps of a block when whole-row warps would leave the GPU with
+// few blocks. Depends on the shape only (the batch invariance above).
+int default_simt_plan(int64_t n_out, bool grouped) {
+  if (grouped) return 0;
+  const int64_t blocks_whole = (n_out + 7) / 8;  // R = 4 (2 outputs per warp with SwiGLU: the same bound)
+  return blocks_whole >= 16 * sm_count() ? 0 : 5;
+}
+int default_mma_plan(int64_t n_out, int T) {
+  (void)T;
+  return n_out >= 64 * sm_count() ? 1 : 2;
+}
+
+template <class WT, int R, int TT, int U, int KS>
+cudaError_t launch_simt(const GemvArgs& a, bool sw, int groups, cudaStream_t s) {
+  constexpr int kGroups = kWarps / KS;
+  const int out_per_warp = sw ? R / 2 : R;
+  const dim3 grid(grid_1d(a.n_out, out_per_warp * kGroups), static_cast<unsigned>(groups));
+  if (sw) {
+    if constexpr (R >= 2) {
+      kernel_gemv_simt<WT, R, TT, U, KS, true><<<grid, kThreads, 0, s>>>(a);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  } else {
+    kernel_gemv_simt<WT, R, TT, U, KS, false><<<grid, kThreads, 0, s>>>(a);
+  }
   return cudaGetLastError();
 }
 
-// Rows per warp and vectors in flight shrink as the activation rows grow, to keep the accumulators in
-// registers.
-template <class WT>
-cudaError_t dispatch(const GemvArgs& a, int groups, cudaStream_t s) {
-  constexpr int kV = Vec16<WT>::kN;
-  const bool vec = a.K % kV == 0 && reinterpret_cast<uintptr_t>(a.W) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 &&
-                   (a.expert == nullptr || (a.w_stride * static_cast<int64_t>(sizeof(WT))) % 16 == 0);
-  if (!vec) {
-    const dim3 grid(grid_1d(a.N, kWarps), static_cast<unsigned>(groups));
-    kernel_gemv_scalar<WT><<<grid, kThreads, 0, s>>>(a);
-    return cudaGetLastError();
+template <class WT, int TT>
+cudaError_t simt_by_plan(const GemvArgs& a, bool sw, int groups, int plan, cudaStream_t s) {
+  // Fewer vectors in flight as the activation rows grow, to keep the accumulators in registers.
+  constexpr int kShrink = TT >= 4 ? 2 : 1;
+  switch (plan) {
+#define DF_SIMT_PLAN(i)                                                                                    \
+  case i:                                                                                                  \
+    return launch_simt<WT, kSimtPlans[i].R, TT,                                                            \
+                       (kSimtPlans[i].U / kShrink > 0 ? kSimtPlans[i].U / kShrink : 1), kSimtPlans[i].KS>( \
+        a, sw, groups, s);
+    DF_SIMT_PLAN(0)
+    DF_SIMT_PLAN(1)
+    DF_SIMT_PLAN(2)
+    DF_SIMT_PLAN(3)
+    DF_SIMT_PLAN(4)
+    DF_SIMT_PLAN(5)
+    DF_SIMT_PLAN(6)
+    DF_SIMT_PLAN(7)
+    DF_SIMT_PLAN(8)
+#undef DF_SIMT_PLAN
+    default:
+      return cudaErrorInvalidValue;
   }
-  if (a.T <= 1) return launch_vec<WT, 4, 1, 4>(a, groups, s);
-  if (a.T <= 2) return launch_vec<WT, 4, 2, 4>(a, groups, s);
-  if (a.T <= 4) return launch_vec<WT, 4, 4, 2>(a, groups, s);
-  if (a.T <= 8) return launch_vec<WT, 2, 8, 2>(a, groups, s);
-  if (a.T <= 16) return launch_vec<WT, 2, 16, 1>(a, groups, s);
-  return launch_vec<WT, 2, 32, 1>(a, groups, s);
 }
 
-cudaError_t run(const GemvArgs& a, core::DType dtype, int groups, cudaStream_t s) {
+template <class WT, int MT, int TN, int U, int KS>
+cudaError_t launch_mma(const GemvArgs& a, bool sw, cudaStream_t s) {
+  constexpr int kGroups = kWarps / KS;
+  const int out_per_warp = (sw ? 8 : 16) * MT;
+  const dim3 grid(grid_1d(a.n_out, out_per_warp * kGroups));
+  if (sw) {
+    kernel_gemv_mma<WT, MT, TN, U, KS, true><<<grid, kThreads, 0, s>>>(a);
+  } else {
+    kernel_gemv_mma<WT, MT, TN, U, KS, false><<<grid, kThreads, 0, s>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <class WT, int TN>
+cudaError_t mma_by_plan(const GemvArgs& a, bool sw, int plan, cudaStream_t s) {
+  switch (plan) {
+#define DF_MMA_PLAN(i) \
+  case i:              \
+    return launch_mma<WT, kMmaPlans[i].MT, TN, kMmaPlans[i].U, kMmaPlans[i].KS>(a, sw, s);
+    DF_MMA_PLAN(0)
+    DF_MMA_PLAN(1)
+    DF_MMA_PLAN(2)
+    DF_MMA_PLAN(3)
+    DF_MMA_PLAN(4)
+    DF_MMA_PLAN(5)
+    DF_MMA_PLAN(6)
+#undef DF_MMA_PLAN
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <class WT>
+bool simt_vectorizable(const GemvArgs& a) {
+  constexpr int kV = Vec16<WT>::kN;
+  return a.K % kV == 0 && reinterpret_cast<uintptr_t>(a.W) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 &&
+         (a.expert == nullptr || (a.w_stride * static_cast<int64_t>(sizeof(WT))) % 16 == 0);
+}
+
+template <class WT>
+cudaError_t dispatch(const GemvArgs& a, bool sw, int groups, int plan, bool want_mma, cudaStream_t s) {
+  if constexpr (sizeof(WT) == 2) {
+    const bool mma_ok = a.x16 != nullptr && a.expert == nullptr && a.T > kGemvSimtRows && a.K % 32 == 0 &&
+                        reinterpret_cast<uintptr_t>(a.W) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(a.x16) % 16 == 0;
+    if (mma_ok && want_mma) {
+      const int p = plan >= 0 ? plan : default_mma_plan(a.n_out, a.T);
+      if (a.T <= 8) return mma_by_plan<WT, 1>(a, sw, p, s);
+      if (a.T <= 16) return mma_by_plan<WT, 2>(a, sw, p, s);
+      return mma_by_plan<WT, 4>(a, sw, p, s);
+    }
+    if (want_mma && plan >= 0) return cudaErrorInvalidValue;  // a tuning run asked for what cannot run
+  }
+  if (!simt_vectorizable<WT>(a)) {
+    const dim3 grid(grid_1d(a.n_out, kWarps), static_cast<unsigned>(groups));
+    kernel_gemv_scalar<WT><<<grid, kThreads, 0, s>>>(a, sw);
+    return cudaGetLastError();
+  }
+  const int p = plan >= 0 ? plan : default_simt_plan(a.n_out, a.expert != nullptr);
+  if (a.T <= 1) return simt_by_plan<WT, 1>(a, sw, groups, p, s);
+  if (a.T <= 2) return simt_by_plan<WT, 2>(a, sw, groups, p, s);
+  if (a.T <= 4) return simt_by_plan<WT, 4>(a, sw, groups, p, s);
+  if (a.T <= 8) return launch_simt<WT, 2, 8, 2, 1>(a, sw, groups, s);
+  if (a.T <= 16) return launch_simt<WT, 2, 16, 1, 1>(a, sw, groups, s);
+  return launch_simt<WT, 2, 32, 1, 1>(a, sw, groups, s);
+}
+
+cudaError_t run(GemvArgs a, core::DType dtype, bool sw, int groups, int plan, bool want_mma, cudaStream_t s) {
   if (a.N == 0 || a.T == 0 || groups == 0) return cudaSuccess;
-  if (a.T < 0 || a.T > kGemvMaxRows || groups > 65535 || a.x_div <= 0) return cudaErrorInvalidValue;
+  if (a.T < 0 || a.T > kGemvMaxRows || groups > 65535 || a.x_div <= 0 || (sw && a.N % 2 != 0))
+    return cudaErrorInvalidValue;
+  a.n_out = sw ? a.N / 2 : a.N;
   switch (dtype) {
     case core::DType::kBF16:
-      return dispatch<__nv_bfloat16>(a, groups, s);
+      return dispatch<__nv_bfloat16>(a, sw, groups, plan, want_mma, s);
     case core::DType::kF16:
-      return dispatch<__half>(a, groups, s);
+      return dispatch<__half>(a, sw, groups, plan, want_mma, s);
     case core::DType::kF32:
-      return dispatch<float>(a, groups, s);
+      if (want_mma && plan >= 0) return cudaErrorInvalidValue;
+      return dispatch<float>(a, sw, groups, plan, false, s);
     default:
       return cudaErrorInvalidValue;
   }
@@ -167,16 +465,43 @@ cudaError_t run(const GemvArgs& a, core::DType dtype, int groups, cudaStream_t s
 
 }  // namespace
 
-cudaError_t gemv(const void* W, core::DType dtype, int64_t N, int64_t K, const float* x, int64_t ldx, int T,
-                 float* y, int64_t ldy, cudaStream_t stream) {
-  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, 1, T, y, ldy}, dtype, 1, stream);
+cudaError_t gemv(const void* W, core::DType dtype, int64_t N, int64_t K, const float* x, int64_t ldx,
+                 const void* x16, int T, const GemvOut& out, cudaStream_t stream) {
+  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0}, dtype, out.swiglu, 1, -1,
+             true, stream);
 }
 
 cudaError_t gemv_grouped(const void* W, core::DType dtype, int64_t N, int64_t K, int64_t w_stride,
                          const int* expert, int groups, const float* x, int64_t ldx, int x_div, float* y,
                          int64_t ldy, cudaStream_t stream) {
   if (!expert) return cudaErrorInvalidValue;
-  return run(GemvArgs{W, N, K, w_stride, expert, x, ldx, x_div, 1, y, ldy}, dtype, groups, stream);
+  return run(GemvArgs{W, N, K, w_stride, expert, x, ldx, nullptr, x_div, 1, y, ldy, 0}, dtype, false, groups,
+             -1, false, stream);
+}
+
+int gemv_simt_plans() {
+  return kNumSimt;
+}
+int gemv_mma_plans() {
+  return kNumMma;
+}
+const char* gemv_plan_name(bool mma, int plan) {
+  static const char* simt[] = {"simt R4 U4 KS1", "simt R2 U4 KS1", "simt R4 U4 KS2",
+                               "simt R2 U4 KS2", "simt R4 U4 KS4", "simt R2 U4 KS4",
+                               "simt R2 U8 KS4", "simt R4 U2 KS4", "simt R2 U2 KS4"};
+  static const char* mmas[] = {"mma MT1 U4 KS1", "mma MT1 U4 KS2", "mma MT1 U4 KS4", "mma MT2 U2 KS4",
+                              "mma MT2 U4 KS2", "mma MT1 U2 KS4", "mma MT2 U2 KS2"};
+  static_assert(sizeof(simt) / sizeof(simt[0]) == kNumSimt && sizeof(mmas) / sizeof(mmas[0]) == kNumMma);
+  if (plan < 0) return "default";
+  return mma ? (plan < kNumMma ? mmas[plan] : "?") : (plan < kNumSimt ? simt[plan] : "?");
+}
+
+cudaError_t gemv_with_plan(const void* W, core::DType dtype, int64_t N, int64_t K, const float* x,
+                           int64_t ldx, const void* x16, int T, const GemvOut& out, int plan,
+                           cudaStream_t stream) {
+  const bool mma = x16 != nullptr;
+  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0}, dtype, out.swiglu, 1, plan,
+             mma, stream);
 }
 
 }  // namespace deltaflow::backend::cuda
