@@ -15,7 +15,7 @@ namespace deltaflow::cli {
 int cmd_generate(const Argv& argv) {
   const std::string cmd = "generate";
   ArgSpec spec{{"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature", "--top-k", "--top-p",
-                "--seed", "--device"},
+                "--seed", "--device", "--tensor-parallel-size"},
                {"--json", "--ignore-eos"},
                0};
   auto args = Args::parse(argv, spec);
