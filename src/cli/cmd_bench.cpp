@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +28,8 @@
 #include "backend/cuda/device.hpp"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/gemm.hpp"
+#include "backend/cuda/tp_backend.hpp"
+#include "cli/model_options.hpp"
 #endif
 
 namespace deltaflow::cli {
@@ -33,7 +38,69 @@ namespace deltaflow::cli {
 namespace {
 
 using backend::cuda::CudaBackend;
+using backend::cuda::TpBackend;
 using model::LayerType;
+
+// What the bench drives: one GPU's CudaBackend, or a TpBackend over several, through the same calls.
+class BenchModel {
+ public:
+  virtual ~BenchModel() = default;
+  virtual const backend::cuda::MemoryPlan& memory_plan() const = 0;  // per GPU
+  virtual double load_seconds() const = 0;
+  virtual std::unique_ptr<backend::SequenceState> new_sequence() = 0;
+  virtual core::Status set_length(backend::SequenceState& s, int64_t length) = 0;
+  virtual core::Status decode_greedy(std::span<backend::SequenceState* const> seqs,
+                                     std::span<const int32_t> tokens, std::vector<int32_t>& ids) = 0;
+  virtual core::Status prefill(std::span<const backend::PrefillItem> items, std::vector<float>& logits) = 0;
+  virtual backend::cuda::OpProfile* profile() = 0;  // null: not profiled (tensor parallel)
+};
+
+template <class B>
+class BenchModelOf final : public BenchModel {
+ public:
+  explicit BenchModelOf(std::unique_ptr<B> b) : b_(std::move(b)) {}
+  const backend::cuda::MemoryPlan& memory_plan() const override { return b_->memory_plan(); }
+  double load_seconds() const override { return b_->load_seconds(); }
+  std::unique_ptr<backend::SequenceState> new_sequence() override { return b_->new_sequence(); }
+  core::Status set_length(backend::SequenceState& s, int64_t length) override {
+    return b_->set_length(s, length);
+  }
+  core::Status decode_greedy(std::span<backend::SequenceState* const> seqs, std::span<const int32_t> tokens,
+                             std::vector<int32_t>& ids) override {
+    return b_->decode_greedy(seqs, tokens, ids);
+  }
+  core::Status prefill(std::span<const backend::PrefillItem> items, std::vector<float>& logits) override {
+    return b_->prefill(items, logits);
+  }
+  backend::cuda::OpProfile* profile() override {
+    if constexpr (requires { b_->profile(); }) {
+      return &b_->profile();
+    } else {
+      return nullptr;
+    }
+  }
+
+ private:
+  std::unique_ptr<B> b_;
+};
+
+// tp == 0: the plain single-GPU backend; tp >= 1: a TpBackend over tp GPUs (1: the NCCL path on one GPU).
+core::Expected<std::unique_ptr<BenchModel>> load_bench_model(const std::optional<std::string>& synth,
+                                                             const std::optional<std::string>& dir,
+                                                             const model::TextConfig& config,
+                                                             const backend::cuda::CudaOptions& opt, int tp,
+                                                             uint64_t seed) {
+  if (tp == 0) {
+    auto b = synth ? CudaBackend::synthetic(config, opt, seed) : CudaBackend::load(*dir, opt);
+    if (!b) return b.error();
+    return std::unique_ptr<BenchModel>(std::make_unique<BenchModelOf<CudaBackend>>(std::move(*b)));
+  }
+  backend::cuda::TpOptions t;
+  t.world = tp;
+  auto b = synth ? TpBackend::synthetic(config, opt, t, seed) : TpBackend::load(*dir, opt, t);
+  if (!b) return b.error();
+  return std::unique_ptr<BenchModel>(std::make_unique<BenchModelOf<TpBackend>>(std::move(*b)));
+}
 
 core::Expected<std::vector<int64_t>> int_list(const Args& args, const std::string& flag,
                                               const std::string& def) {
@@ -199,7 +266,7 @@ int cmd_bench(const Argv& argv) {
   return fail(cmd, "this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)");
 #else
   ArgSpec spec{{"--synthetic", "--model", "--batches", "--contexts", "--prefill", "--steps", "--seed",
-                "--prefill-chunk"},
+                "--prefill-chunk", "--tensor-parallel-size"},
                {"--json", "--no-graphs", "--profile"},
                0};
   auto args = Args::parse(argv, spec);
@@ -220,6 +287,11 @@ int cmd_bench(const Argv& argv) {
   if (!seed) return fail(cmd, seed.message());
   if (!chunk || *chunk < 1) return fail(cmd, "flag --prefill-chunk must be a positive integer");
   const bool json = args->has("--json");
+  auto tp_flag = parse_tensor_parallel(*args, engine::Device::kCuda);
+  if (!tp_flag) return fail(cmd, tp_flag.message());
+  // Given (even as 1): through TpBackend and NCCL; absent: the plain backend.
+  const int tp = args->has("--tensor-parallel-size") ? *tp_flag : 0;
+  const double gpus = std::max(tp, 1);
 
   const auto devices = backend::cuda::list_devices();
   if (devices.empty()) return fail(cmd, "no CUDA device is visible");
@@ -255,17 +327,17 @@ int cmd_bench(const Argv& argv) {
   const bool profile = args->has("--profile");
   opt.cuda_graphs = !args->has("--no-graphs") && !profile;
   opt.progress = !json;
-  auto loaded = synth ? CudaBackend::synthetic(config, opt, static_cast<uint64_t>(*seed))
-                      : CudaBackend::load(*dir, opt);
+  auto loaded = load_bench_model(synth, dir, config, opt, tp, static_cast<uint64_t>(*seed));
   if (!loaded) return fail(cmd, loaded.message());
-  CudaBackend& b = **loaded;
-  b.profile().enable(profile);
+  BenchModel& b = **loaded;
+  if (profile && !b.profile()) return fail(cmd, "--profile is not available with --tensor-parallel-size");
+  if (profile) b.profile()->enable(true);
   const auto& plan = b.memory_plan();
   const ModelCounts mc = count(config);
   // Bytes per weight element: bf16 when synthetic; else what the checkpoint holds on average.
   const double all_params = mc.dense + mc.expert * mc.moe_layers * static_cast<double>(config.num_experts) +
                             (config.tie_word_embeddings ? 1 : 2) * mc.lm_head;
-  const double wes = synth ? 2.0 : static_cast<double>(plan.weights) / all_params;
+  const double wes = synth ? 2.0 : gpus * static_cast<double>(plan.weights) / all_params;
   const double kv_es = plan.kv_f32 ? 4.0 : 2.0;
   std::mt19937 rng(static_cast<uint32_t>(*seed));
   auto random_ids = [&](size_t n) {
@@ -290,7 +362,7 @@ int cmd_bench(const Argv& argv) {
         if (auto st = b.decode_greedy(sp, tok, next); !st) return fail(cmd, st.message());
         tok = next;
       }
-      b.profile().reset();
+      if (profile) b.profile()->reset();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < *steps; ++s) {
         if (auto st = b.decode_greedy(sp, tok, next); !st) return fail(cmd, st.message());
@@ -316,9 +388,10 @@ int cmd_bench(const Argv& argv) {
       r.bytes =
           weights + static_cast<double>(batch) * (ctx_mid * mc.kv_per_token * kv_es + 2 * mc.state_bytes);
       r.bw = r.bytes / r.step_s;
-      r.ratio = r.bw / *bw;
-      for (auto [name, sec] : b.profile().totals())
-        r.ops.emplace_back(name, sec / static_cast<double>(*steps));
+      r.ratio = r.bw / (*bw * gpus);  // against the bandwidth of all the GPUs
+      if (profile)
+        for (auto [name, sec] : b.profile()->totals())
+          r.ops.emplace_back(name, sec / static_cast<double>(*steps));
       drows.push_back(r);
     }
   }
@@ -338,7 +411,7 @@ int cmd_bench(const Argv& argv) {
     auto s = b.new_sequence();
     const auto ids = random_ids(static_cast<size_t>(T));
     backend::PrefillItem item{s.get(), ids, false};
-    b.profile().reset();
+    if (profile) b.profile()->reset();
     const auto t0 = std::chrono::steady_clock::now();
     if (auto st = b.prefill(std::span<const backend::PrefillItem>(&item, 1), logits); !st)
       return fail(cmd, st.message());
@@ -362,8 +435,8 @@ int cmd_bench(const Argv& argv) {
              Td;
     r.flops = flops;
     r.rate = flops / dt;
-    r.ratio = r.rate / *gemm_rate;
-    r.ops = b.profile().totals();
+    r.ratio = r.rate / (*gemm_rate * gpus);
+    if (profile) r.ops = b.profile()->totals();
     prows.push_back(r);
   }
 
@@ -379,6 +452,7 @@ int cmd_bench(const Argv& argv) {
     out["copy_bandwidth_bytes_per_s"] = *bw;
     out["gemm_bf16_flops_per_s"] = *gemm_rate;
     out["cuda_graphs"] = opt.cuda_graphs;
+    out["tensor_parallel"] = tp;  // 0: the plain single-GPU backend
     for (const auto& r : drows)
       out["decode"].push_back({{"batch", r.batch},
                                {"context", r.context},
@@ -400,7 +474,9 @@ int cmd_bench(const Argv& argv) {
     return 0;
   }
   std::printf("model       %s%s\n", name.c_str(), synth ? " (synthetic random weights)" : "");
-  std::printf("device      %s\n", devices[0].name.c_str());
+  std::printf(
+      "device      %s%s\n", devices[0].name.c_str(),
+      tp ? (" x " + std::to_string(tp) + ", tensor parallel through NCCL (memory per GPU)").c_str() : "");
   std::printf("load        %.2f s; weights %.2f GB, KV %.2f GB (%s), states %.2f GB, workspace %.2f GB\n",
               b.load_seconds(), plan.weights / 1e9, plan.kv / 1e9, plan.kv_f32 ? "fp32" : "bf16",
               plan.states / 1e9, plan.workspace / 1e9);

@@ -19,7 +19,9 @@ namespace deltaflow::cli {
 // is their total in nats, ppl = exp(nll / tokens).
 int cmd_eval(const Argv& argv) {
   const std::string cmd = "eval";
-  auto args = Args::parse(argv, {{"--model", "--ids", "--text", "--window", "--device"}, {"--json"}, 0});
+  auto args = Args::parse(
+      argv,
+      {{"--model", "--ids", "--text", "--window", "--device", "--tensor-parallel-size"}, {"--json"}, 0});
   if (!args) return fail(cmd, args.message());
   const auto ids_text = args->get("--ids"), text_file = args->get("--text");
   if (!ids_text == !text_file) return fail(cmd, "give one of --ids 1,2,3,... or --text FILE");

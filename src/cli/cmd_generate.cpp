@@ -14,11 +14,11 @@ namespace deltaflow::cli {
 // `--prompt TEXT` tokenizes the raw text (no chat template: a plain completion) and streams the text.
 int cmd_generate(const Argv& argv) {
   const std::string cmd = "generate";
-  ArgSpec spec{
-      {"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature", "--top-k", "--top-p",
-       "--min-p", "--seed", "--device", "--presence-penalty", "--frequency-penalty", "--repetition-penalty"},
-      {"--json", "--ignore-eos"},
-      0};
+  ArgSpec spec{{"--model", "--prompt", "--prompt-ids", "--max-tokens", "--temperature", "--top-k", "--top-p",
+                "--min-p", "--seed", "--device", "--presence-penalty", "--frequency-penalty",
+                "--repetition-penalty", "--tensor-parallel-size"},
+               {"--json", "--ignore-eos"},
+               0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   const auto ids_text = args->get("--prompt-ids"), prompt_text = args->get("--prompt");

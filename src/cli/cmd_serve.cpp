@@ -22,24 +22,21 @@ core::Expected<bool> parse_bool(const std::string& flag, const std::string& v) {
 
 int cmd_serve(const Argv& argv) {
   const std::string cmd = "serve";
-  ArgSpec spec{
-      {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
-       "--max-model-len", "--max-queue", "--default-enable-thinking", "--max-body-bytes"},
-      {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
-      0};
+  ArgSpec spec{{"--model", "--device", "--host", "--port", "--api-key", "--api-key-file",
+                "--served-model-name", "--max-model-len", "--max-queue", "--default-enable-thinking",
+                "--max-body-bytes", "--tensor-parallel-size"},
+               {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
+               0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   server::ServeOptions o;
   o.model_dir = model_dir(*args);
-  const std::string dev = args->get_or("--device", "auto");
-  if (dev == "auto")
-    o.device = engine::Device::kAuto;
-  else if (dev == "cpu")
-    o.device = engine::Device::kCpu;
-  else if (dev == "cuda")
-    o.device = engine::Device::kCuda;
-  else
-    return fail(cmd, "flag --device: '" + dev + "' is not one of cpu, cuda, auto");
+  auto device = parse_device(*args);
+  if (!device) return fail(cmd, device.message());
+  o.device = *device;
+  auto tp = parse_tensor_parallel(*args, o.device);
+  if (!tp) return fail(cmd, tp.message());
+  o.tensor_parallel = *tp;
   o.host = args->get_or("--host", "127.0.0.1");
   auto port = args->get_int("--port", 8000);
   if (!port) return fail(cmd, port.message());

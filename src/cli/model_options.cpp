@@ -1,6 +1,9 @@
 #include "cli/model_options.hpp"
 
 #include "cli/commands.hpp"
+#ifdef DELTAFLOW_HAVE_CUDA
+#include "backend/cuda/device.hpp"
+#endif
 
 namespace deltaflow::cli {
 
@@ -8,19 +11,38 @@ std::string model_dir(const Args& args) {
   return args.get_or("--model", default_model_dir());
 }
 
-core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args) {
+core::Expected<engine::Device> parse_device(const Args& args) {
   const std::string dev = args.get_or("--device", "auto");
-  engine::Device d;
-  if (dev == "auto") {
-    d = engine::Device::kAuto;
-  } else if (dev == "cpu") {
-    d = engine::Device::kCpu;
-  } else if (dev == "cuda") {
-    d = engine::Device::kCuda;
-  } else {
-    return core::Error{"flag --device: '" + dev + "' is not one of cpu, cuda, auto"};
-  }
-  return engine::load_backend(model_dir(args), d);
+  if (dev == "auto") return engine::Device::kAuto;
+  if (dev == "cpu") return engine::Device::kCpu;
+  if (dev == "cuda") return engine::Device::kCuda;
+  return core::Error{"flag --device: '" + dev + "' is not one of cpu, cuda, auto"};
+}
+
+core::Expected<int> parse_tensor_parallel(const Args& args, engine::Device device) {
+  DF_ASSIGN(long long n, args.get_int("--tensor-parallel-size", 1));
+  if (n < 1 || n > 1024) return core::Error{"flag --tensor-parallel-size must be a positive integer"};
+  if (n == 1) return 1;
+  const std::string flag = "flag --tensor-parallel-size " + std::to_string(n);
+  if (device == engine::Device::kCpu)
+    return core::Error{flag + " needs --device cuda (the CPU backend runs on one device)"};
+  long long visible = 0;
+  std::string why;
+#ifdef DELTAFLOW_HAVE_CUDA
+  visible = static_cast<long long>(backend::cuda::list_devices().size());
+#else
+  why = " (this build has no CUDA backend)";
+#endif
+  if (n > visible)
+    return core::Error{flag + ": " + std::to_string(visible) + (visible == 1 ? " GPU is" : " GPUs are") +
+                       " visible" + why};
+  return static_cast<int>(n);
+}
+
+core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args) {
+  DF_ASSIGN(engine::Device d, parse_device(args));
+  DF_ASSIGN(int tp, parse_tensor_parallel(args, d));
+  return engine::load_backend(model_dir(args), d, tp);
 }
 
 core::Expected<engine::SamplingParams> parse_sampling(const Args& args) {

@@ -9,8 +9,12 @@
 
 namespace deltaflow::cli {
 
-// --model DIR (default: the house model), --device cpu|cuda|auto.
+// --model DIR (default: the house model), --device cpu|cuda|auto, --tensor-parallel-size N.
 std::string model_dir(const Args& args);
+core::Expected<engine::Device> parse_device(const Args& args);
+// --tensor-parallel-size N (default 1): the model split over N GPUs of this host. N > 1 with --device cpu,
+// or more than the visible GPUs, is an error.
+core::Expected<int> parse_tensor_parallel(const Args& args, engine::Device device);
 core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args);
 // --temperature, --top-k, --top-p, --min-p, --seed and the presence / frequency / repetition penalties.
 core::Expected<engine::SamplingParams> parse_sampling(const Args& args);

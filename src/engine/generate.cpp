@@ -7,12 +7,24 @@
 #ifdef DELTAFLOW_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
+#include "backend/cuda/tp_backend.hpp"
 #endif
 
 namespace deltaflow::engine {
 
-core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device) {
+core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,
+                                                               int tensor_parallel) {
+  if (tensor_parallel > 1 && device == Device::kCpu)
+    return core::Error{"tensor parallelism needs --device cuda: the CPU backend runs on one device"};
 #ifdef DELTAFLOW_HAVE_CUDA
+  if (tensor_parallel > 1) {
+    backend::cuda::CudaOptions opt;
+    opt.progress = true;
+    backend::cuda::TpOptions tp;
+    tp.world = tensor_parallel;
+    DF_ASSIGN(auto b, backend::cuda::TpBackend::load(dir, opt, tp));
+    return std::unique_ptr<backend::Backend>(std::move(b));
+  }
   if (device == Device::kCuda || (device == Device::kAuto && !backend::cuda::list_devices().empty())) {
     backend::cuda::CudaOptions opt;
     opt.progress = true;
@@ -20,6 +32,9 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
     return std::unique_ptr<backend::Backend>(std::move(cuda));
   }
 #else
+  if (tensor_parallel > 1)
+    return core::Error{
+        "tensor parallelism: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
   if (device == Device::kCuda)
     return core::Error{"--device cuda: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
 #endif

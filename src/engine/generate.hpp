@@ -14,7 +14,9 @@ namespace deltaflow::engine {
 enum class Device { kAuto, kCpu, kCuda };
 
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).
-core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device);
+// tensor_parallel > 1: over that many GPUs (backend/cuda/tp_backend.hpp); needs CUDA.
+core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,
+                                                               int tensor_parallel = 1);
 
 struct GenerateOptions {
   int max_tokens = 32;

@@ -50,7 +50,7 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   m->name_ = o.served_name.empty() ? dir.filename().string() : o.served_name;
   if (m->name_.empty()) m->name_ = "model";
 
-  DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device));
+  DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel));
   DF_ASSIGN(auto tok, text::Tokenizer::load(o.model_dir));
   m->tokenizer_.emplace(std::move(tok));
 

@@ -35,6 +35,7 @@ struct GenerationDefaults {
 struct ModelLoadOptions {
   std::string model_dir;
   engine::Device device = engine::Device::kAuto;
+  int tensor_parallel = 1;
   std::string served_name;    // empty: the directory's name
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   size_t max_queue = 256;

@@ -173,6 +173,7 @@ core::Status serve(const ServeOptions& o) {
   ModelLoadOptions lo;
   lo.model_dir = o.model_dir;
   lo.device = o.device;
+  lo.tensor_parallel = o.tensor_parallel;
   lo.served_name = o.served_model_name;
   lo.max_model_len = o.max_model_len;
   lo.max_queue = o.max_queue;

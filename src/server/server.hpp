@@ -14,6 +14,7 @@ namespace deltaflow::server {
 struct ServeOptions {
   std::string model_dir;
   engine::Device device = engine::Device::kAuto;
+  int tensor_parallel = 1;  // GPUs the model is split over
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;            // empty: no key (loopback only, unless insecure_no_auth)

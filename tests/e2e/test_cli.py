@@ -105,3 +105,26 @@ def test_bad_checkpoint_is_one_line(tiny_models, tmp_path):
     assert p.returncode != 0
     assert len(p.stderr.strip().splitlines()) == 1
     assert "model.safetensors" in p.stderr
+
+
+def test_tensor_parallel_flag_errors_are_one_line(tiny_models):
+    # --tensor-parallel-size: N > 1 on the CPU, more GPUs than are visible, and non-positive sizes (issue 7).
+    cases = [
+        (("--device", "cpu", "--tensor-parallel-size", "2"), "needs --device cuda"),
+        (("--tensor-parallel-size", "1024"), "visible"),
+        (("--tensor-parallel-size", "0"), "positive integer"),
+    ]
+    for extra, want in cases:
+        for cmd in (("generate", "--prompt-ids", "1,2,3"), ("eval", "--ids", "1,2,3")):
+            p = run(*cmd, "--model", tiny_models["dense"], *extra, check=False)
+            assert p.returncode != 0, (cmd, extra)
+            lines = p.stderr.strip().splitlines()
+            assert len(lines) == 1 and want in lines[0] and "--tensor-parallel-size" in lines[0], p.stderr
+    p = run("serve", "--model", tiny_models["dense"], "--device", "cpu", "--tensor-parallel-size", "2", check=False)
+    assert p.returncode != 0 and "needs --device cuda" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_tensor_parallel_size_one_on_cpu_runs(tiny_models):
+    p = run("generate", "--model", tiny_models["dense"], "--prompt-ids", "1,2,3", "--max-tokens", 3, "--device", "cpu",
+            "--tensor-parallel-size", "1", "--json")
+    assert len(json.loads(p.stdout)["ids"]) == 3

@@ -385,15 +385,18 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   DF_ASSIGN(model::TextConfig c, model::load_text_config(dir));
   DF_TRY(b->init_device(c, opt));
   DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(dir));
-  DF_ASSIGN(model::ModelWeights w, model::bind_weights(b->config_, ck));
+  DF_ASSIGN(model::ModelWeights whole, model::bind_weights(b->config_, ck));
+  model::ModelWeights part;
+  DF_TRY(b->enter_shard(&whole, &part));
+  const model::ModelWeights& w = opt.collective ? part : whole;
   Layout sizing(0, &w);
-  DF_TRY(lay_out_weights(b->config_, &w, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
+  DF_TRY(lay_out_weights(b->layout_config(), &w, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
                          b->layers_));
   DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), &w);
-  DF_TRY(
-      lay_out_weights(b->config_, &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_, b->layers_));
+  DF_TRY(lay_out_weights(b->layout_config(), &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
+                         b->layers_));
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), 0, opt.progress, b->stream_));
   DF_TRY(b->plan_memory());
   DF_TRY(b->warm_up());
@@ -406,14 +409,15 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   DF_TRY(b->init_device(c, opt));
+  DF_TRY(b->enter_shard(nullptr, nullptr));
   Layout sizing(0, nullptr);
-  DF_TRY(lay_out_weights(b->config_, nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
-                         b->layers_));
+  DF_TRY(lay_out_weights(b->layout_config(), nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_,
+                         b->inv_freq_, b->layers_));
   DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr);
-  DF_TRY(lay_out_weights(b->config_, nullptr, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
-                         b->layers_));
+  DF_TRY(lay_out_weights(b->layout_config(), nullptr, lay, b->embed_, b->lm_head_, b->final_norm_,
+                         b->inv_freq_, b->layers_));
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), seed, false, b->stream_));
   DF_TRY(b->plan_memory());
   // A cache of finite values, so attention over a context the benchmark only claims reads real numbers.
@@ -585,6 +589,7 @@ CudaBackend::~CudaBackend() {
   for (auto& g : graphs_)
     if (g) cudaGraphExecDestroy(g);
   if (pinned_) cudaFreeHost(pinned_);
+  if (tp_logits_) cudaFree(tp_logits_);
   if (ws_mem_) cudaFree(ws_mem_);
   if (state_mem_) cudaFree(state_mem_);
   if (weights_mem_) cudaFree(weights_mem_);
@@ -878,7 +883,7 @@ core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
   const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   prof_.mark("embedding", stream_);
-  DF_CUDA_TRY(embedding_gather(embed_.data, embed_.dtype, H, ws_.ids, n, ws_.h, stream_));
+  DF_TRY(embed(n));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DLayer& L = layers_[l];
     // h += ffn output of the previous layer; xn = RMSNorm1p(h)
@@ -889,9 +894,11 @@ core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
     } else {
       DF_TRY(gated_deltanet(L, n, prefill, slot));
     }
+    DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
     prof_.mark("add+rmsnorm", stream_);
     DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, L.post_norm, eps, ws_.xn, stream_));
     DF_TRY(ffn(L, n));
+    DF_TRY(reduce_partial(ws_.y, n));  // after down_proj / the MoE combine
   }
   prof_.mark("add+rmsnorm", stream_);
   DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, final_norm_, eps, ws_.xn, stream_));
@@ -901,6 +908,7 @@ core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
 
 core::Status CudaBackend::lm_head(int64_t r0, int64_t rows) {
   prof_.mark("lm_head", stream_);
+  if (opt_.collective) return lm_head_shard(r0, rows);
   return linear(ws_.xn + r0 * config_.hidden_size, config_.hidden_size, rows, lm_head_, ws_.logits,
                 config_.vocab_size);
 }

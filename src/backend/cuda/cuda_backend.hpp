@@ -21,8 +21,11 @@
 #include "backend/cuda/op_profile.hpp"
 #include "core/dtype.hpp"
 #include "model/config.hpp"
+#include "model/weights.hpp"
 
 namespace deltaflow::backend::cuda {
+
+class Collective;
 
 struct CudaOptions {
   int device = 0;
@@ -32,6 +35,10 @@ struct CudaOptions {
   bool exact = false;            // fp32 into every matmul and an fp32 KV cache
   bool cuda_graphs = true;       // capture the decode step per batch-size bucket
   bool progress = false;         // a load progress bar on stderr (only when it is a terminal)
+  // Tensor parallelism (tp_backend.hpp): this backend is rank collective->rank() of world(), holds only its
+  // slices of the weights (model/tensor_parallel.hpp) and all-reduces after the row-parallel matmuls.
+  // nullptr: the whole model. Not owned; must outlive the backend.
+  Collective* collective = nullptr;
 };
 
 // A device matrix [rows, cols], row-major, in the checkpoint's element type.
@@ -210,6 +217,16 @@ class CudaBackend final : public Backend {
   std::array<cudaGraphExec_t, 6> graphs_{};  // buckets 1, 2, 4, 8, 16, 32
 
   std::unique_ptr<SamplingBatch> sampling_;  // GPU sampling's staging, made on first use
+  // Tensor parallelism (cuda_backend_tp.cpp); inert when opt_.collective is null.
+  // Shards config_ (to the rank's heads and intermediates; vocab_size stays whole) and, given `whole`, fills
+  // `part` with the rank's slices of it.
+  core::Status enter_shard(const model::ModelWeights* whole, model::ModelWeights* part);
+  model::TextConfig layout_config() const;           // config_ with the rank's vocab rows
+  core::Status embed(int64_t n);                     // ws_.h = embedding of ws_.ids
+  core::Status reduce_partial(float* y, int64_t n);  // all-reduce n rows of H partial sums
+  core::Status lm_head_shard(int64_t r0, int64_t rows);
+  int64_t tp_vocab0_ = 0, tp_vocab_rows_ = 0;
+  float* tp_logits_ = nullptr;  // [world][kTpLogitRows][vocab / world]: the all-gather of the logits
 };
 
 }  // namespace deltaflow::backend::cuda
