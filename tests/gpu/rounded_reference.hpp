@@ -28,8 +28,8 @@ class RoundedReference {
   struct Options {
     bool round_gemm_inputs = true;
     int64_t gemm_rows = 32;  // matmuls over more rows than this round their input (cuBLASLt)
-    int64_t mma_rows = 4;    // ... and over more than this when K % 32 == 0 (the tensor-core GEMV)
     bool bf16_kv = true;
+    int64_t mma_rows = 4;  // ... and over more than this when K % 32 == 0 (the tensor-core GEMV)
   };
   struct Sequence {
     int64_t pos = 0;
