@@ -11,6 +11,8 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/mma.cuh"
+
 #include <cstdint>
 
 namespace deltaflow::backend::cuda::gdn_mma {
@@ -57,19 +59,7 @@ __device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const bf16* s, int l
 
 // c += a b (one 16x8x16 step).
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values as a packed bf16 pair (lo in the low half), rounded to nearest even.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return u;
+  mma_bf16(c, a, b0, b1);
 }
 __device__ __forceinline__ void store_bf16x2(bf16* p, float lo, float hi) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);

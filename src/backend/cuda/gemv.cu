@@ -2,6 +2,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -164,31 +165,12 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a, bool 
 }
 
 // ---- tensor-core kernel
-// --------------------------------------------------------------------------------------- D[16x8] += A[16x16]
-// B[16x8], bf16 or f16 operands, fp32 accumulators.
-template <class WT>
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  if constexpr (sizeof(WT) == 2 && std::is_same_v<WT, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
-// A warp owns MT tiles of 16 weight rows (with SwiGLU: 8 gate rows over the 8 matching up rows) and TN tiles
-// of 8 activation rows. Per 32-wide k block, lane (g = lane / 4, q = lane % 4) loads the 8 elements
-// [8q, 8q + 8) of weight rows g and g + 8 and of activation row g: words 0-1 of each feed the first
-// m16n8k16 and words 2-3 the second, as logical k {2q, 2q+1, 2q+8, 2q+9} of each. The KS warps of a group
-// take interleaved k blocks and add their accumulators in shared memory in a fixed order.
+// --------------------------------------------------------------------------------------- A warp owns MT
+// tiles of 16 weight rows (with SwiGLU: 8 gate rows over the 8 matching up rows) and TN tiles of 8 activation
+// rows. Per 32-wide k block, lane (g = lane / 4, q = lane % 4) loads the 8 elements [8q, 8q + 8) of weight
+// rows g and g + 8 and of activation row g: words 0-1 of each feed the first m16n8k16 and words 2-3 the
+// second, as logical k {2q, 2q+1, 2q+8, 2q+9} of each. The KS warps of a group take interleaved k blocks and
+// add their accumulators in shared memory in a fixed order.
 template <class WT, int MT, int TN, int U, int KS, bool SW>
 __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
   constexpr int kGroups = kWarps / KS;
@@ -251,8 +233,10 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
         for (int m = 0; m < MT; ++m)
 #pragma unroll
           for (int j = 0; j < TN; ++j) {
-            mma16816<WT>(acc[m][j], wl[u][m].x, wh[u][m].x, wl[u][m].y, wh[u][m].y, xv[u][j].x, xv[u][j].y);
-            mma16816<WT>(acc[m][j], wl[u][m].z, wh[u][m].z, wl[u][m].w, wh[u][m].w, xv[u][j].z, xv[u][j].w);
+            mma_m16n8k16<WT>(acc[m][j], wl[u][m].x, wh[u][m].x, wl[u][m].y, wh[u][m].y, xv[u][j].x,
+                             xv[u][j].y);
+            mma_m16n8k16<WT>(acc[m][j], wl[u][m].z, wh[u][m].z, wl[u][m].w, wh[u][m].w, xv[u][j].z,
+                             xv[u][j].w);
           }
     }
   }
