@@ -4,6 +4,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -19,6 +20,7 @@ template <class KvT>
 __global__ void kernel_qk_norm_rope(QkvArgs a) {
   __shared__ float buf[1024];
   __shared__ float red[32];
+  pdl_enter();
   const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
   const bool is_q = hh < a.nh;
   const int qw = a.gated ? 2 * a.hd : a.hd;
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
   constexpr int kHd = 32 * DPL;
   __shared__ __align__(16) float Ks[kTileKeys * kHd];
   __shared__ __align__(16) float Vs[kTileKeys * kHd];
+  pdl_enter();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hk = blockIdx.y, sp = blockIdx.z;
   const int grp = a.nh / a.nkv;
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
 // Block (token, head), thread per dim: merge the splits the token's keys fall in, normalise, gate.
 //   o = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) ;  o *= sigmoid(gate)
 __global__ void kernel_attention_combine(AttnArgs a, int split_keys) {
+  pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int ns = a.prefill ? 1 : (a.tok_pos[t] + split_keys) / split_keys;
   const int64_t at = (static_cast<int64_t>(t) * a.nh + h) * a.max_splits;
@@ -176,6 +180,7 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
   const int grp = a.nh / a.nkv;
   int qt, split_keys;
   dim3 grid;
+  cudaError_t e = cudaSuccess;
   if (a.prefill) {
     // Up to 4 pairs per warp: as many query tokens per block as fill 32 pairs.
     constexpr int kPW = 4;
@@ -183,26 +188,26 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
     split_keys = static_cast<int>(std::min<int64_t>(a.cache.max_ctx, 1 << 30));
     grid = dim3(static_cast<unsigned>((a.n_tokens + qt - 1) / qt), static_cast<unsigned>(a.nkv), 1);
     if (grp > kWarps * kPW) return cudaErrorInvalidValue;
-    kernel_attention<KvT, DPL, kPW><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+    e = launch(kernel_attention<KvT, DPL, kPW>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
   } else {
     qt = 1;
     split_keys = kAttnSplitKeys;
     grid = dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nkv),
                 static_cast<unsigned>(a.max_splits));
     if (grp <= kWarps) {
-      kernel_attention<KvT, DPL, 1><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+      e = launch(kernel_attention<KvT, DPL, 1>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
     } else if (grp <= 2 * kWarps) {
-      kernel_attention<KvT, DPL, 2><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+      e = launch(kernel_attention<KvT, DPL, 2>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
     } else if (grp <= 4 * kWarps) {
-      kernel_attention<KvT, DPL, 4><<<grid, kThreads, 0, s>>>(a, qt, split_keys);
+      e = launch(kernel_attention<KvT, DPL, 4>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
     } else {
       return cudaErrorInvalidValue;
     }
   }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  kernel_attention_combine<<<dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh)), a.hd, 0,
-                             s>>>(a, split_keys);
-  return cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return launch(kernel_attention_combine,
+                dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh)), dim3(a.hd), 0, s, a,
+                split_keys);
 }
 
 template <class KvT>
@@ -227,12 +232,8 @@ cudaError_t qk_norm_rope_store(const QkvArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return cudaSuccess;
   if (a.hd <= 0 || a.hd > 1024 || a.rot > a.hd || a.rot % 2 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh + a.nkv));
-  if (a.cache.f32) {
-    kernel_qk_norm_rope<float><<<grid, a.hd, 0, stream>>>(a);
-  } else {
-    kernel_qk_norm_rope<__nv_bfloat16><<<grid, a.hd, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
+  if (a.cache.f32) return launch(kernel_qk_norm_rope<float>, grid, dim3(a.hd), 0, stream, a);
+  return launch(kernel_qk_norm_rope<__nv_bfloat16>, grid, dim3(a.hd), 0, stream, a);
 }
 
 cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {

@@ -1,5 +1,6 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/conv1d.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -42,6 +43,7 @@ __global__ void kernel_conv1d_decode(const float* __restrict__ in, int64_t ld_in
                                      const float* __restrict__ w, int K, float* __restrict__ states,
                                      int64_t slot_stride, const int* __restrict__ slots,
                                      float* __restrict__ out, int64_t ld_out) {
+  pdl_enter();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= static_cast<int64_t>(n) * C) return;
   const int64_t i = idx / C, c = idx % C;
@@ -75,9 +77,8 @@ cudaError_t causal_conv1d_decode(const float* in, int64_t ld_in, int n, int64_t 
                                  int64_t ld_out, cudaStream_t stream) {
   if (K < 1 || K > kMaxConvKernel) return cudaErrorInvalidValue;
   if (n == 0 || C == 0) return cudaSuccess;
-  kernel_conv1d_decode<<<grid_1d(static_cast<int64_t>(n) * C, kThreads), kThreads, 0, stream>>>(
-      in, ld_in, n, C, w, K, states, slot_stride, slots, out, ld_out);
-  return cudaGetLastError();
+  return launch(kernel_conv1d_decode, dim3(grid_1d(static_cast<int64_t>(n) * C, kThreads)), dim3(kThreads), 0,
+                stream, in, ld_in, n, C, w, K, states, slot_stride, slots, out, ld_out);
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/elementwise.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -20,6 +21,7 @@ __global__ void kernel_swiglu(const float* __restrict__ gu, int64_t ld_gu, int64
 template <class T>
 __global__ void kernel_convert(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K,
                                T* __restrict__ out) {
+  pdl_enter();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= rows * K) return;
   const int64_t t = idx / K, k = idx % K;
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
     kernel_argmax(const float* __restrict__ x, int64_t V, int* out) {
   __shared__ float sv[32];
   __shared__ int64_t si[32];
+  pdl_enter();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * V;
   float bv = NAN;  // "none yet": any number beats NaN
   int64_t bi = V;
@@ -114,14 +117,13 @@ cudaError_t convert_rows(const float* x, int64_t ldx, int64_t T, int64_t K, void
                          cudaStream_t stream) {
   if (T * K == 0) return cudaSuccess;
   const unsigned g = grid_1d(T * K, kThreads);
-  if (dtype == core::DType::kBF16) {
-    kernel_convert<<<g, kThreads, 0, stream>>>(x, ldx, T, K, static_cast<__nv_bfloat16*>(out));
-  } else if (dtype == core::DType::kF16) {
-    kernel_convert<<<g, kThreads, 0, stream>>>(x, ldx, T, K, static_cast<__half*>(out));
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  if (dtype == core::DType::kBF16)
+    return launch(kernel_convert<__nv_bfloat16>, dim3(g), dim3(kThreads), 0, stream, x, ldx, T, K,
+                  static_cast<__nv_bfloat16*>(out));
+  if (dtype == core::DType::kF16)
+    return launch(kernel_convert<__half>, dim3(g), dim3(kThreads), 0, stream, x, ldx, T, K,
+                  static_cast<__half*>(out));
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t gather_rows(const float* src, int64_t ld_src, const int* rows, int64_t n, int64_t cols,
@@ -140,8 +142,7 @@ cudaError_t scatter_rows(const float* src, int64_t ld_src, const int* rows, int6
 
 cudaError_t argmax_rows(const float* x, int64_t rows, int64_t V, int* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  kernel_argmax<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, V, out);
-  return cudaGetLastError();
+  return launch(kernel_argmax, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream, x, V, out);
 }
 
 cudaError_t fill_random(void* p, core::DType dtype, int64_t n, uint64_t seed, float scale, float shift,

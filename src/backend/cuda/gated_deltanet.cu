@@ -2,6 +2,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gated_deltanet.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -51,6 +52,7 @@ __global__ void __launch_bounds__(kMaxThreads) kernel_gated_deltanet(GdnArgs a) 
   constexpr int kRows = DK / kS;  // state rows per lane
   __shared__ float qs[DK], ks[DK];
   __shared__ float red[64];
+  pdl_enter();
   const int j = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
   const int e = tid / kS, part = tid % kS, d0 = part * kRows;
   const int kh = j / (a.nv / a.nk);
@@ -141,21 +143,16 @@ cudaError_t gated_deltanet(const GdnArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.nv), static_cast<unsigned>(a.n_seqs));
   switch (a.dk) {
     case 16:
-      kernel_gated_deltanet<16><<<grid, threads, 0, stream>>>(a);
-      break;
+      return launch(kernel_gated_deltanet<16>, grid, dim3(threads), 0, stream, a);
     case 32:
-      kernel_gated_deltanet<32><<<grid, threads, 0, stream>>>(a);
-      break;
+      return launch(kernel_gated_deltanet<32>, grid, dim3(threads), 0, stream, a);
     case 64:
-      kernel_gated_deltanet<64><<<grid, threads, 0, stream>>>(a);
-      break;
+      return launch(kernel_gated_deltanet<64>, grid, dim3(threads), 0, stream, a);
     case 128:
-      kernel_gated_deltanet<128><<<grid, threads, 0, stream>>>(a);
-      break;
+      return launch(kernel_gated_deltanet<128>, grid, dim3(threads), 0, stream, a);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -2,6 +2,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_simt(GemvArgs a) {
   const float* x = a.x;
   float* y = a.y;
   if (a.expert) {
+    pdl_wait();
     const int g = blockIdx.y;
     W += static_cast<int64_t>(a.expert[g]) * a.w_stride;
     x += static_cast<int64_t>(g / a.x_div) * a.ldx;
@@ -63,6 +65,20 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_simt(GemvArgs a) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
     wr[r] = reinterpret_cast<const uint4*>(W + weight_row<R, SW>(active ? o0 : 0, r, a.n_out) * a.K);
+
+  // Before the previous kernel has finished (launch.cuh): bring the first stretch of this warp's weights
+  // into L2. The grouped form's expert ids come from that kernel, so it waits first.
+  pdl_launch_dependents();
+  if (active && !a.expert) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = static_cast<int64_t>(kp) * 32 + lane + static_cast<int64_t>(u) * 32 * KS;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (i < nvec) prefetch_l2(wr[r] + i);
+    }
+  }
+  pdl_wait();
 
   float acc[R][TT];
 #pragma unroll
@@ -138,6 +154,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_simt(GemvArgs a) {
 // Any shape and alignment: one warp per output row, lanes striding over k.
 template <class WT>
 __global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a, bool sw) {
+  pdl_enter();
   const int lane = threadIdx.x & 31;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (n >= a.n_out) return;
@@ -203,6 +220,22 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
   for (int j = 0; j < TN; ++j)
     xr[j] = reinterpret_cast<const uint4*>(X + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.K) + q;
 
+  const int64_t nblk = a.K / 32;
+  pdl_launch_dependents();  // and the first k blocks of the weights into L2 (launch.cuh)
+  if (active) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t blk = kp + static_cast<int64_t>(u) * KS;
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+        if (blk < nblk) {
+          prefetch_l2(wlo[m] + blk * 4);
+          prefetch_l2(whi[m] + blk * 4);
+        }
+    }
+  }
+  pdl_wait();
+
   float acc[MT][TN][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
@@ -211,7 +244,6 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
 
-  const int64_t nblk = a.K / 32;
   if (active) {
     for (int64_t b0 = kp; b0 < nblk; b0 += KS * U) {
       uint4 wl[U][MT], wh[U][MT], xv[U][TN];
@@ -314,14 +346,12 @@ cudaError_t launch_simt(const GemvArgs& a, bool sw, int groups, cudaStream_t s) 
   const dim3 grid(grid_1d(a.n_out, out_per_warp * kGroups), static_cast<unsigned>(groups));
   if (sw) {
     if constexpr (R >= 2) {
-      kernel_gemv_simt<WT, R, TT, U, KS, true><<<grid, kThreads, 0, s>>>(a);
+      return launch(kernel_gemv_simt<WT, R, TT, U, KS, true>, grid, dim3(kThreads), 0, s, a);
     } else {
       return cudaErrorInvalidValue;
     }
-  } else {
-    kernel_gemv_simt<WT, R, TT, U, KS, false><<<grid, kThreads, 0, s>>>(a);
   }
-  return cudaGetLastError();
+  return launch(kernel_gemv_simt<WT, R, TT, U, KS, false>, grid, dim3(kThreads), 0, s, a);
 }
 
 template <class WT, int TT>
@@ -354,12 +384,8 @@ cudaError_t launch_mma(const GemvArgs& a, bool sw, cudaStream_t s) {
   constexpr int kGroups = kWarps / KS;
   const int out_per_warp = (sw ? 8 : 16) * MT;
   const dim3 grid(grid_1d(a.n_out, out_per_warp * kGroups));
-  if (sw) {
-    kernel_gemv_mma<WT, MT, TN, U, KS, true><<<grid, kThreads, 0, s>>>(a);
-  } else {
-    kernel_gemv_mma<WT, MT, TN, U, KS, false><<<grid, kThreads, 0, s>>>(a);
-  }
-  return cudaGetLastError();
+  if (sw) return launch(kernel_gemv_mma<WT, MT, TN, U, KS, true>, grid, dim3(kThreads), 0, s, a);
+  return launch(kernel_gemv_mma<WT, MT, TN, U, KS, false>, grid, dim3(kThreads), 0, s, a);
 }
 
 template <class WT, int TN>
@@ -405,8 +431,7 @@ cudaError_t dispatch(const GemvArgs& a, bool sw, int groups, int plan, bool want
   }
   if (!simt_vectorizable<WT>(a)) {
     const dim3 grid(grid_1d(a.n_out, kWarps), static_cast<unsigned>(groups));
-    kernel_gemv_scalar<WT><<<grid, kThreads, 0, s>>>(a, sw);
-    return cudaGetLastError();
+    return launch(kernel_gemv_scalar<WT>, grid, dim3(kThreads), 0, s, a, sw);
   }
   const int p = plan >= 0 ? plan : default_simt_plan(a.expert != nullptr);
   if (a.T <= 1) return simt_by_plan<WT, 1>(a, sw, groups, p, s);

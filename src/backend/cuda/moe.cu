@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -12,6 +13,7 @@ constexpr int kPerLane = kMaxExperts / 32;
 // experts not yet taken.
 __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, int64_t T, int E, int K,
                                  bool renorm, int* __restrict__ ids, float* __restrict__ weights) {
+  pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
@@ -89,8 +91,8 @@ cudaError_t moe_route(const float* logits, int64_t ld, int64_t T, int E, int K, 
   if (E < 1 || E > kMaxExperts || K < 1 || K > E || K > kMaxTopK) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   constexpr int kWarps = 4;
-  kernel_moe_route<<<grid_1d(T, kWarps), kWarps * 32, 0, stream>>>(logits, ld, T, E, K, renorm, ids, weights);
-  return cudaGetLastError();
+  return launch(kernel_moe_route, dim3(grid_1d(T, kWarps)), dim3(kWarps * 32), 0, stream, logits, ld, T, E, K,
+                renorm, ids, weights);
 }
 
 cudaError_t moe_combine(const float* y, const float* w, int64_t T, int K, int64_t H, const float* shared,

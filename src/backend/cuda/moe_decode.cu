@@ -2,6 +2,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_decode.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -108,6 +109,16 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = W + min64(n0 + r, a.N - 1) * a.K;
 
+  // The router's rows are read before the activations are ready (launch.cuh).
+  pdl_launch_dependents();
+  if constexpr (kAligned) {
+    if (threadIdx.x < nvec) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) prefetch_l2(reinterpret_cast<const uint4*>(rows[r]) + threadIdx.x);
+    }
+  }
+  pdl_wait();
+
   float acc[R][TT];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -156,30 +167,21 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
 }
 
 template <class WT, int TT, bool kAligned>
-void launch_router_logits(const LogitsArgs& a, cudaStream_t s) {
-  kernel_router_logits<WT, kLogitRowsPerBlock, TT, kAligned>
-      <<<grid_1d(a.N, kLogitRowsPerBlock), kSplitThreads, 0, s>>>(a);
+cudaError_t launch_router_logits(const LogitsArgs& a, cudaStream_t s) {
+  return launch(kernel_router_logits<WT, kLogitRowsPerBlock, TT, kAligned>,
+                dim3(grid_1d(a.N, kLogitRowsPerBlock)), dim3(kSplitThreads), 0, s, a);
 }
 
 template <class WT>
 cudaError_t dispatch_router_logits(const LogitsArgs& a, cudaStream_t s) {
   const bool al = a.K % Vec16<WT>::kN == 0 && aligned16(a.W) && aligned16(a.x) && a.ldx % 4 == 0;
-  if (!al) {
-    launch_router_logits<WT, kGemvMaxRows, false>(a, s);
-  } else if (a.T <= 1) {
-    launch_router_logits<WT, 1, true>(a, s);
-  } else if (a.T <= 2) {
-    launch_router_logits<WT, 2, true>(a, s);
-  } else if (a.T <= 4) {
-    launch_router_logits<WT, 4, true>(a, s);
-  } else if (a.T <= 8) {
-    launch_router_logits<WT, 8, true>(a, s);
-  } else if (a.T <= 16) {
-    launch_router_logits<WT, 16, true>(a, s);
-  } else {
-    launch_router_logits<WT, 32, true>(a, s);
-  }
-  return cudaGetLastError();
+  if (!al) return launch_router_logits<WT, kGemvMaxRows, false>(a, s);
+  if (a.T <= 1) return launch_router_logits<WT, 1, true>(a, s);
+  if (a.T <= 2) return launch_router_logits<WT, 2, true>(a, s);
+  if (a.T <= 4) return launch_router_logits<WT, 4, true>(a, s);
+  if (a.T <= 8) return launch_router_logits<WT, 8, true>(a, s);
+  if (a.T <= 16) return launch_router_logits<WT, 16, true>(a, s);
+  return launch_router_logits<WT, 32, true>(a, s);
 }
 
 // ---- Gate/up with SwiGLU ----------------------------------------------------------------------------------
@@ -209,6 +211,7 @@ template <class WT, int P, int U, bool kAligned>
 __global__ void __launch_bounds__(kThreads) kernel_gate_up_swiglu(GateUpArgs a) {
   using WV = WeightVec<WT, kAligned>;
   constexpr int kV = WV::kV;
+  pdl_enter();  // the expert ids come from the kernel before
   const int p = blockIdx.x, lane = threadIdx.x & 31;
   const WT* W;
   int64_t I;
@@ -283,12 +286,10 @@ cudaError_t launch_gate_up(const GateUpArgs& a, int problems, bool aligned, cuda
   const int64_t I = std::max(a.n_routed > 0 ? a.Ir : 0, problems > a.n_routed ? a.Is : 0);
   if (I == 0 || problems == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(problems), grid_1d(I, kPairsPerWarp * kWarps));
-  if (aligned) {
-    kernel_gate_up_swiglu<WT, kPairsPerWarp, kGateUpInFlight, true><<<grid, kThreads, 0, s>>>(a);
-  } else {
-    kernel_gate_up_swiglu<WT, kPairsPerWarp, 1, false><<<grid, kThreads, 0, s>>>(a);
-  }
-  return cudaGetLastError();
+  if (aligned)
+    return launch(kernel_gate_up_swiglu<WT, kPairsPerWarp, kGateUpInFlight, true>, grid, dim3(kThreads), 0, s,
+                  a);
+  return launch(kernel_gate_up_swiglu<WT, kPairsPerWarp, 1, false>, grid, dim3(kThreads), 0, s, a);
 }
 
 cudaError_t run_gate_up(const GateUpArgs& a, core::DType dt, int problems, bool aligned, cudaStream_t s) {
@@ -377,6 +378,7 @@ __device__ __forceinline__ void accumulate_experts(const WT* const (&mat)[G], co
 // ids[t, k], weight w[t, k]) in groups of G, then the shared expert (weight sigmoid(gate_logit[t])).
 template <class WT, int R, int G, int U, bool kAligned>
 __global__ void __launch_bounds__(kThreads) kernel_down_combine(DownArgs a) {
+  pdl_enter();
   const int t = blockIdx.x, lane = threadIdx.x & 31;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * kWarps + (threadIdx.x >> 5)) * R;
   if (n0 >= a.H) return;
@@ -428,12 +430,11 @@ __global__ void __launch_bounds__(kThreads) kernel_down_combine(DownArgs a) {
 template <class WT>
 cudaError_t launch_down(const DownArgs& a, int T, bool aligned, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(T), grid_1d(a.H, kDownRowsPerWarp * kWarps));
-  if (aligned) {
-    kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, kDownInFlight, true><<<grid, kThreads, 0, s>>>(a);
-  } else {
-    kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, 1, false><<<grid, kThreads, 0, s>>>(a);
-  }
-  return cudaGetLastError();
+  if (aligned)
+    return launch(kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, kDownInFlight, true>, grid,
+                  dim3(kThreads), 0, s, a);
+  return launch(kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, 1, false>, grid, dim3(kThreads), 0, s,
+                a);
 }
 
 cudaError_t run_down(const DownArgs& a, core::DType dt, int T, bool aligned, cudaStream_t s) {

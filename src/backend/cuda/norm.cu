@@ -1,4 +1,5 @@
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/norm.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -11,6 +12,7 @@ __global__ void __launch_bounds__(kThreads)
     kernel_add_rmsnorm1p(float* __restrict__ h, const float* __restrict__ y, int64_t n,
                          const float* __restrict__ w, float eps, float* __restrict__ xn) {
   __shared__ float red[32];
+  pdl_enter();
   const int64_t t = blockIdx.x;
   float* hr = h + t * n;
   float ss = 0.0f;
@@ -33,8 +35,8 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t add_rmsnorm1p(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
                           float* xn, cudaStream_t stream) {
   if (T == 0) return cudaSuccess;
-  kernel_add_rmsnorm1p<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(h, y, n, w, eps, xn);
-  return cudaGetLastError();
+  return launch(kernel_add_rmsnorm1p, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, stream, h, y, n, w,
+                eps, xn);
 }
 
 }  // namespace deltaflow::backend::cuda
