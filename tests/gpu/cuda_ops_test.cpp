@@ -136,7 +136,9 @@ TEST_F(CudaOps, GemmEqualsCpuLinearOnRoundedInputs) {
 
 TEST_F(CudaOps, AddRmsNorm1pEqualsCpu) {
   std::mt19937 rng(14);
-  for (int64_t n : {1, 33, 1000, 5120}) {
+  // 1, 33, 8196: the scalar kernel (not whole vectors, or more than the vector kernel holds); the rest the
+  // vector kernel with 1 to 4 vectors per thread.
+  for (int64_t n : {1, 33, 1000, 2048, 5120, 8192, 8196}) {
     for (bool add : {false, true}) {
       const int64_t T = 5;
       auto h = randn(rng, static_cast<size_t>(T * n)), y = randn(rng, static_cast<size_t>(T * n));
@@ -613,7 +615,8 @@ TEST_F(CudaOps, AttentionDecodeBatchOfSequences) {
 
 TEST_F(CudaOps, MoeRouteEqualsCpu) {
   std::mt19937 rng(20);
-  for (auto [E, K] : {std::pair{8, 2}, std::pair{256, 8}, std::pair{512, 10}, std::pair{33, 32}}) {
+  for (auto [E, K] : {std::pair{8, 2}, std::pair{256, 8}, std::pair{512, 10}, std::pair{33, 32},
+                      std::pair{100, 4}, std::pair{1000, 16}}) {
     for (bool renorm : {true, false}) {
       const int64_t T = 13;
       auto logits = randn(rng, static_cast<size_t>(T * E), 2.0f);

@@ -7,10 +7,10 @@
 namespace deltaflow::backend::cuda {
 namespace {
 
-constexpr int kPerLane = kMaxExperts / 32;
-
-// One warp per token. Lane l holds experts l, l+32, ...; top-k is K rounds of a warp-wide argmax over the
-// experts not yet taken.
+// One warp per token. Lane l holds experts l, l+32, ... (PL of them, E <= 32 PL); top-k is K rounds of a
+// warp-wide argmax over the experts not yet taken. Lane k keeps the k-th pick in registers and writes it
+// once.
+template <int PL>
 __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, int64_t T, int E, int K,
                                  bool renorm, int* __restrict__ ids, float* __restrict__ weights) {
   pdl_enter();
@@ -18,10 +18,10 @@ __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, i
   if (t >= T) return;
   const int lane = threadIdx.x & 31;
   const float* row = logits + t * ld;
-  float p[kPerLane];
+  float p[PL];
   float m = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < PL; ++i) {
     const int e = lane + 32 * i;
     p[i] = e < E ? row[e] : -INFINITY;
     m = fmaxf(m, p[i]);
@@ -29,21 +29,22 @@ __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, i
   m = warp_max(m);
   float s = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < PL; ++i) {
     p[i] = lane + 32 * i < E ? expf(p[i] - m) : 0.0f;
     s += p[i];
   }
   s = warp_sum(s);
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) p[i] /= s;
+  for (int i = 0; i < PL; ++i) p[i] /= s;
 
   uint32_t taken = 0;
-  float sum = 0.0f;
+  float sum = 0.0f, my_w = 0.0f;
+  int my_id = 0;
   for (int k = 0; k < K; ++k) {
     float bv = -1.0f;
     int be = kMaxExperts;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < PL; ++i) {
       const int e = lane + 32 * i;
       if (e < E && !(taken & (1u << i)) && (p[i] > bv || (p[i] == bv && e < be))) {
         bv = p[i];
@@ -60,13 +61,15 @@ __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, i
     }
     if ((be & 31) == lane) taken |= 1u << (be >> 5);
     sum += bv;  // in rank order, as the reference sums the top-k
-    if (lane == 0) {
-      ids[t * K + k] = be;
-      weights[t * K + k] = bv;
+    if (lane == k) {
+      my_id = be;
+      my_w = bv;
     }
   }
-  if (lane == 0 && renorm)
-    for (int k = 0; k < K; ++k) weights[t * K + k] /= sum;
+  if (lane < K) {
+    ids[t * K + lane] = my_id;
+    weights[t * K + lane] = renorm ? my_w / sum : my_w;
+  }
 }
 
 constexpr int kCombineThreads = 256;
@@ -91,8 +94,17 @@ cudaError_t moe_route(const float* logits, int64_t ld, int64_t T, int E, int K, 
   if (E < 1 || E > kMaxExperts || K < 1 || K > E || K > kMaxTopK) return cudaErrorInvalidValue;
   if (T == 0) return cudaSuccess;
   constexpr int kWarps = 4;
-  return launch(kernel_moe_route, dim3(grid_1d(T, kWarps)), dim3(kWarps * 32), 0, stream, logits, ld, T, E, K,
-                renorm, ids, weights);
+  const dim3 grid(grid_1d(T, kWarps)), block(kWarps * 32);
+  // Experts per lane: the fewest that hold E, so a round scans only real experts.
+  if (E <= 64)
+    return launch(kernel_moe_route<2>, grid, block, 0, stream, logits, ld, T, E, K, renorm, ids, weights);
+  if (E <= 128)
+    return launch(kernel_moe_route<4>, grid, block, 0, stream, logits, ld, T, E, K, renorm, ids, weights);
+  if (E <= 256)
+    return launch(kernel_moe_route<8>, grid, block, 0, stream, logits, ld, T, E, K, renorm, ids, weights);
+  if (E <= 512)
+    return launch(kernel_moe_route<16>, grid, block, 0, stream, logits, ld, T, E, K, renorm, ids, weights);
+  return launch(kernel_moe_route<32>, grid, block, 0, stream, logits, ld, T, E, K, renorm, ids, weights);
 }
 
 cudaError_t moe_combine(const float* y, const float* w, int64_t T, int K, int64_t H, const float* shared,
