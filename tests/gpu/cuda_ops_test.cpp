@@ -676,7 +676,7 @@ TEST_F(CudaOps, MoeCombineGatherScatter) {
 
 TEST_F(CudaOps, ArgmaxEqualsEngineArgmax) {
   std::mt19937 rng(22);
-  for (int64_t V : {1, 7, 1000, 248320}) {
+  for (int64_t V : {1, 7, 1000, 1001, 248320}) {  // 1000, 248320: the 16-byte path
     const int64_t rows = 4;
     auto x = randn(rng, static_cast<size_t>(rows * V));
     if (V > 10) {

@@ -50,6 +50,7 @@ __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi)
 }
 
 constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxInFlight = 4;
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     kernel_argmax(const float* __restrict__ x, int64_t V, int* out) {
@@ -59,11 +60,37 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   const float* row = x + static_cast<int64_t>(blockIdx.x) * V;
   float bv = NAN;  // "none yet": any number beats NaN
   int64_t bi = V;
-  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads)
-    if (better(row[i], i, bv, bi)) {
-      bv = row[i];
+  const auto take = [&](float v, int64_t i) {
+    if (better(v, i, bv, bi)) {
+      bv = v;
       bi = i;
     }
+  };
+  if (V % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    // One block reads the whole row (a vocabulary of 1 MB): 16-byte loads, kArgmaxInFlight of them in flight
+    // per thread, or the scan is latency-bound. The order of the scan does not matter: better() is a total
+    // order.
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    const int64_t n4 = V / 4;
+    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kArgmaxThreads * kArgmaxInFlight) {
+      float4 v[kArgmaxInFlight];
+#pragma unroll
+      for (int u = 0; u < kArgmaxInFlight; ++u) {
+        const int64_t i = i0 + static_cast<int64_t>(u) * kArgmaxThreads;
+        v[u] = i < n4 ? r4[i] : make_float4(NAN, NAN, NAN, NAN);
+      }
+#pragma unroll
+      for (int u = 0; u < kArgmaxInFlight; ++u) {
+        const int64_t i = 4 * (i0 + static_cast<int64_t>(u) * kArgmaxThreads);
+        take(v[u].x, i);
+        take(v[u].y, i + 1);
+        take(v[u].z, i + 2);
+        take(v[u].w, i + 3);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) take(row[i], i);
+  }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
