@@ -293,10 +293,6 @@ int max_smem_optin() {
   return bytes;
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
 bool attention_prefill_tc_supports(const AttnArgs& a) {

@@ -126,6 +126,11 @@ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
+// Whether p may be read with 16-byte vector loads.
+__host__ __device__ inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 inline unsigned grid_1d(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
       bi = i;
     }
   };
-  if (V % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  if (V % 4 == 0 && aligned16(x)) {
     // One block reads the whole row (a vocabulary of 1 MB): 16-byte loads, kArgmaxInFlight of them in flight
     // per thread, or the scan is latency-bound. The order of the scan does not matter: better() is a total
     // order.

@@ -410,8 +410,7 @@ cudaError_t mma_by_plan(const GemvArgs& a, bool sw, int plan, cudaStream_t s) {
 template <class WT>
 bool simt_vectorizable(const GemvArgs& a) {
   constexpr int kV = Vec16<WT>::kN;
-  return a.K % kV == 0 && reinterpret_cast<uintptr_t>(a.W) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0 &&
+  return a.K % kV == 0 && aligned16(a.W) && aligned16(a.x) && a.ldx % 4 == 0 &&
          (a.expert == nullptr || (a.w_stride * static_cast<int64_t>(sizeof(WT))) % 16 == 0);
 }
 
@@ -419,8 +418,7 @@ template <class WT>
 cudaError_t dispatch(const GemvArgs& a, bool sw, int groups, int plan, bool want_mma, cudaStream_t s) {
   if constexpr (sizeof(WT) == 2) {
     const bool mma_ok = a.x16 != nullptr && a.expert == nullptr && a.T > kGemvSimtRows && a.K % 32 == 0 &&
-                        reinterpret_cast<uintptr_t>(a.W) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(a.x16) % 16 == 0;
+                        aligned16(a.W) && aligned16(a.x16);
     if (mma_ok && want_mma) {
       const int p = plan >= 0 ? plan : default_mma_plan(a.T);
       if (a.T <= 8) return mma_by_plan<WT, 1>(a, sw, p, s);

@@ -71,10 +71,6 @@ __device__ __forceinline__ float dot(const float (&w)[kV], const float (&x)[kV],
   return acc;
 }
 
-inline bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 // ---- Router logits: split-K GEMV --------------------------------------------------------------------------
 
 constexpr int kSplitThreads = 256;
