@@ -79,6 +79,19 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The warp's largest v, ties to the lowest index i; every lane ends with the winner.
+template <class Index>
+__device__ __forceinline__ void warp_argmax(float& v, Index& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const Index oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
 
 // Sum over the block, returned to every thread. `red` is shared scratch of at least 32 floats. Starts with a
 // barrier so the scratch can be reused by back-to-back calls.

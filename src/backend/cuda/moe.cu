@@ -51,14 +51,7 @@ __global__ void kernel_moe_route(const float* __restrict__ logits, int64_t ld, i
         be = e;
       }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ov > bv || (ov == bv && oe < be)) {
-        bv = ov;
-        be = oe;
-      }
-    }
+    warp_argmax(bv, be);
     if ((be & 31) == lane) taken |= 1u << (be >> 5);
     sum += bv;  // in rank order, as the reference sums the top-k
     if (lane == k) {

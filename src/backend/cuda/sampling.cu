@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/sampling.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -303,14 +304,7 @@ __global__ void __launch_bounds__(kThreads)
       bi = i;
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  warp_argmax(bv, bi);
   if (lane == 0) {
     bv_s[warp] = bv;
     bi_s[warp] = bi;
