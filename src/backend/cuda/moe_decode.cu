@@ -3,6 +3,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -303,9 +304,10 @@ cudaError_t run_gate_up(const GateUpArgs& a, core::DType dt, int problems, bool 
 
 // ---- Down projection and combination ----------------------------------------------------------------------
 
-constexpr int kDownRowsPerWarp = 2;
-constexpr int kDownGroup = 5;  // experts whose vectors are loaded together (K = 8 + shared: two rounds)
-constexpr int kDownInFlight = 2;
+constexpr int kDownThreads = 256;
+constexpr int kDownWarps = kDownThreads / 32;
+constexpr int kDownRows = 4;      // output rows per block
+constexpr int kDownInFlight = 3;  // items per thread loaded together (K = 8 + shared at I = 512: one round)
 
 struct DownArgs {
   const void *Wr, *Ws;
@@ -313,8 +315,6 @@ struct DownArgs {
   const int* ids;
   const float* w;
   int K;
-  bool shared_in_group;  // the shared expert is slot K of the routed loop (same I and dtype)
-  bool shared_alone;     // the shared expert runs as its own pass after the routed slots
   const float* gate_logit;
   int64_t H;
   const float *act, *act_s;
@@ -324,113 +324,108 @@ struct DownArgs {
   bool accumulate;  // y += instead of y =
 };
 
-// acc[r] += sum over the cnt <= G experts g of wk[g] * (mat[g][n[r]] . x[g]), rows of length I; the G*R rows
-// are streamed together, U vectors each in flight.
-template <class WT, int R, int G, int U, bool kAligned>
-__device__ __forceinline__ void accumulate_experts(const WT* const (&mat)[G], const float* const (&x)[G],
-                                                   const float (&wk)[G], int cnt, int64_t I,
-                                                   const int64_t (&n)[R], int lane, float (&acc)[R]) {
+// Block (t, y) owns R output rows of row block y for token t (t fastest: the blocks of all tokens that read
+// the shared expert's rows run together). The work of one row is a list of items, one per 16-byte weight
+// vector of every slot: slots k < K are expert ids[t, k] weighted w[t, k] (rows of length Ir), slot K the
+// shared expert weighted sigmoid(gate_logit[t]) (length Is). All the block's threads stride over that list
+// together, U items each in flight for all R rows, so every expert's loads go out at once instead of one
+// expert group after another; the per-thread sums are reduced over the warp and then, in warp order, over the
+// block (deterministic, no atomics).
+template <class WT, int R, int U, bool kAligned>
+__global__ void __launch_bounds__(kDownThreads) kernel_down_combine(DownArgs a) {
   using WV = WeightVec<WT, kAligned>;
   constexpr int kV = WV::kV;
-  const int64_t nvec = (I + kV - 1) / kV;
-  for (int64_t base = lane; base < nvec; base += 32 * U) {
-    WV wv[U][G][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * 32;
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          if (g < cnt && i < nvec) {
-            wv[u][g][r].load(mat[g] + n[r] * I, i, I);
-          } else {
-            wv[u][g][r].zero();
-          }
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + u * 32;
-      if (i >= nvec) continue;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (g >= cnt) continue;
-        float xv[kV];
-        load_x<kV, kAligned>(x[g], i, I, xv);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float wf[kV];
-          wv[u][g][r].unpack(wf);
-          acc[r] = fmaf(wk[g], dot(wf, xv, 0.0f), acc[r]);
-        }
-      }
+  __shared__ const WT* slot_mat[kMaxTopK + 1];
+  __shared__ const float* slot_x[kMaxTopK + 1];
+  __shared__ float slot_w[kMaxTopK + 1];
+  __shared__ float red[kDownWarps][R];
+  pdl_enter();
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * R;
+  const int slots = a.K + (a.Ws ? 1 : 0);
+  if (threadIdx.x < slots) {
+    const int k = threadIdx.x;
+    if (k < a.K) {
+      const int64_t s = static_cast<int64_t>(t) * a.K + k;
+      slot_mat[k] = static_cast<const WT*>(a.Wr) + static_cast<int64_t>(a.ids[s]) * a.stride_r;
+      slot_x[k] = a.act + s * a.ld_act;
+      slot_w[k] = a.w[s];
+    } else {
+      slot_mat[k] = static_cast<const WT*>(a.Ws);
+      slot_x[k] = a.act_s + static_cast<int64_t>(t) * a.ld_act_s;
+      slot_w[k] = sigmoid_f(a.gate_logit[t]);
     }
   }
-}
-
-// Block (t, y): a warp owns R output rows of row block y for token t (t fastest: the blocks of all tokens
-// that read the shared expert's rows run together) and sums, lane by lane, over the slots k < K (expert
-// ids[t, k], weight w[t, k]) in groups of G, then the shared expert (weight sigmoid(gate_logit[t])).
-template <class WT, int R, int G, int U, bool kAligned>
-__global__ void __launch_bounds__(kThreads) kernel_down_combine(DownArgs a) {
-  pdl_enter();
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.y) * kWarps + (threadIdx.x >> 5)) * R;
-  if (n0 >= a.H) return;
+  __syncthreads();
   int64_t n[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) n[r] = min64(n0 + r, a.H - 1);
-  const float gate = a.Ws ? sigmoid_f(a.gate_logit[t]) : 0.0f;
+  const int nv_r = static_cast<int>((a.Ir + kV - 1) / kV);
+  const int nv_s = a.Ws ? static_cast<int>((a.Is + kV - 1) / kV) : 0;
+  const int routed_items = a.K * nv_r, items = routed_items + nv_s;
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
 
-  const int slots = a.K + (a.shared_in_group ? 1 : 0);
-  for (int k0 = 0; k0 < slots; k0 += G) {
-    const WT* mat[G];
-    const float* x[G];
-    float wk[G];
+  for (int f0 = threadIdx.x; f0 < items; f0 += kDownThreads * U) {
+    WV wv[U][R];
+    int slot[U], vec[U];
+    int64_t len[U];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int k = min(k0 + g, slots - 1);
-      if (k < a.K) {
-        const int64_t s = static_cast<int64_t>(t) * a.K + k;
-        mat[g] = static_cast<const WT*>(a.Wr) + static_cast<int64_t>(a.ids[s]) * a.stride_r;
-        x[g] = a.act + s * a.ld_act;
-        wk[g] = a.w[s];
+    for (int u = 0; u < U; ++u) {
+      const int f = f0 + u * kDownThreads;
+      if (f < routed_items) {
+        slot[u] = f / nv_r;
+        vec[u] = f - slot[u] * nv_r;
+        len[u] = a.Ir;
       } else {
-        mat[g] = static_cast<const WT*>(a.Ws);
-        x[g] = a.act_s + static_cast<int64_t>(t) * a.ld_act_s;
-        wk[g] = gate;
+        slot[u] = a.K;
+        vec[u] = f - routed_items;
+        len[u] = a.Is;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (f < items) {
+          wv[u][r].load(slot_mat[slot[u]] + n[r] * len[u], vec[u], len[u]);
+        } else {
+          wv[u][r].zero();
+        }
       }
     }
-    accumulate_experts<WT, R, G, U, kAligned>(mat, x, wk, min(G, slots - k0), a.Ir, n, lane, acc);
-  }
-  if (a.shared_alone) {
-    const WT* mat[1] = {static_cast<const WT*>(a.Ws)};
-    const float* x[1] = {a.act_s + static_cast<int64_t>(t) * a.ld_act_s};
-    const float wk[1] = {gate};
-    accumulate_experts<WT, R, 1, 2 * U, kAligned>(mat, x, wk, 1, a.Is, n, lane, acc);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (f0 + u * kDownThreads >= items) continue;
+      float xv[kV];
+      load_x<kV, kAligned>(slot_x[slot[u]], vec[u], len[u], xv);
+      const float wk = slot_w[slot[u]];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[kV];
+        wv[u][r].unpack(wf);
+        acc[r] = fmaf(wk, dot(wf, xv, 0.0f), acc[r]);
+      }
+    }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float v = warp_sum(acc[r]);
-    if (lane == 0 && n0 + r < a.H) {
-      float* yp = a.y + static_cast<int64_t>(t) * a.ldy + n0 + r;
-      *yp = a.accumulate ? *yp + v : v;
-    }
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < R && n0 + threadIdx.x < a.H) {
+    float s = 0.0f;
+    for (int w = 0; w < kDownWarps; ++w) s += red[w][threadIdx.x];
+    float* yp = a.y + static_cast<int64_t>(t) * a.ldy + n0 + threadIdx.x;
+    *yp = a.accumulate ? *yp + s : s;
   }
 }
 
 template <class WT>
 cudaError_t launch_down(const DownArgs& a, int T, bool aligned, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(T), grid_1d(a.H, kDownRowsPerWarp * kWarps));
+  const dim3 grid(static_cast<unsigned>(T), grid_1d(a.H, kDownRows));
   if (aligned)
-    return launch(kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, kDownInFlight, true>, grid,
-                  dim3(kThreads), 0, s, a);
-  return launch(kernel_down_combine<WT, kDownRowsPerWarp, kDownGroup, 1, false>, grid, dim3(kThreads), 0, s,
-                a);
+    return launch(kernel_down_combine<WT, kDownRows, kDownInFlight, true>, grid, dim3(kDownThreads), 0, s, a);
+  return launch(kernel_down_combine<WT, kDownRows, 1, false>, grid, dim3(kDownThreads), 0, s, a);
 }
 
 cudaError_t run_down(const DownArgs& a, core::DType dt, int T, bool aligned, cudaStream_t s) {
@@ -540,11 +535,8 @@ cudaError_t moe_down_combine(const MoeDownWeights& routed, const int* ids, const
   };
   const bool al_r = !has_routed || vec(routed, act, ld_act);
   const bool al_s = !has_shared || vec(shared, act_shared, ld_act_shared);
-  if (!has_shared || !has_routed || routed.dtype == shared.dtype) {
-    a.shared_in_group = has_shared && has_routed && shared.I == routed.I;
-    a.shared_alone = has_shared && !a.shared_in_group;
+  if (!has_shared || !has_routed || routed.dtype == shared.dtype)
     return run_down(a, has_routed ? routed.dtype : shared.dtype, T, al_r && al_s, stream);
-  }
   // Two element types: the routed sum, then the shared term added to it.
   const void* Ws = a.Ws;
   a.Ws = nullptr;
@@ -552,7 +544,6 @@ cudaError_t moe_down_combine(const MoeDownWeights& routed, const int* ids, const
   if (e != cudaSuccess) return e;
   a.Ws = Ws;
   a.K = 0;
-  a.shared_alone = true;
   a.accumulate = true;
   return run_down(a, shared.dtype, T, al_s, stream);
 }
