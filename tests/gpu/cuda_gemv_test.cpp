@@ -12,8 +12,10 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "backend/cuda/conv1d.cuh"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "core/dtype.hpp"
@@ -84,7 +86,7 @@ void check_plans(bool mma, core::DType dt, std::mt19937& rng) {
           DevBuf<float> dy(static_cast<size_t>(T * n_out));
           const cudaError_t e =
               cu::gemv_with_plan(dW.get(), dt, N, K, dx.get(), K, mma ? dx16.get() : nullptr, T,
-                                 cu::GemvOut{dy.get(), n_out, sw}, p, nullptr);
+                                 cu::GemvOut{dy.get(), n_out, sw, {}}, p, nullptr);
           ASSERT_EQ(e, cudaSuccess) << cu::gemv_plan_name(mma, p);
           EXPECT_LE(rel_err(dy.download(), ref), mma ? 5e-5 : 2e-5)
               << cu::gemv_plan_name(mma, p) << " " << core::dtype_name(dt) << " N=" << N << " K=" << K
@@ -125,6 +127,56 @@ TEST_F(CudaGemv, SimtRowsAreBatchInvariant) {
   }
 }
 
+// The conv1d epilogue (GemvConv) on every kernel path (SIMT, tensor cores, the scalar path of an unaligned
+// K) equals the plain GEMV followed by causal_conv1d_decode: y bit-equal, the shifted states bit-equal (they
+// are copies), the conv output to 1e-6 (the same sum in the same order; only FMA contraction may differ).
+TEST_F(CudaGemv, ConvEpilogueEqualsGemvThenConv1d) {
+  std::mt19937 rng(44);
+  const int64_t N = 300, C = 200;
+  for (int64_t K : {512, 61}) {
+    auto Wf = randn(rng, static_cast<size_t>(N * K));
+    DevBuf<uint8_t> dW(gpu_test::to_bytes(Wf, core::DType::kBF16));
+    for (int kc : {4, 2}) {
+      for (int T : {1, 3, 8, 32}) {
+        const int slots_n = T + 2;
+        std::vector<int> slots(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) slots[t] = (t * 7 + 3) % slots_n;
+        const int64_t stride = C * (kc - 1);
+        const auto x = randn(rng, static_cast<size_t>(T * K)), w = randn(rng, static_cast<size_t>(C * kc)),
+                   st = randn(rng, static_cast<size_t>(slots_n * stride));
+        DevBuf<float> dx(x), dw(w), st_ref(st), st_got(st), y_ref(static_cast<size_t>(T * N)),
+            y_got(static_cast<size_t>(T * N)), o_ref(static_cast<size_t>(T * C)),
+            o_got(static_cast<size_t>(T * C));
+        DevBuf<int> dslots(slots);
+        DevBuf<uint8_t> dx16(static_cast<size_t>(T * K) * 2);
+        ASSERT_EQ(cu::convert_rows(dx.get(), K, T, K, dx16.get(), core::DType::kBF16, nullptr), cudaSuccess);
+        const void* x16 = K % 32 == 0 ? dx16.get() : nullptr;
+        ASSERT_EQ(cu::gemv(dW.get(), core::DType::kBF16, N, K, dx.get(), K, x16, T,
+                           cu::GemvOut{y_ref.get(), N, false, {}}, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cu::causal_conv1d_decode(y_ref.get(), N, T, C, dw.get(), kc, st_ref.get(), stride,
+                                           dslots.get(), o_ref.get(), C, nullptr),
+                  cudaSuccess);
+        cu::GemvOut out{y_got.get(), N, false, {}};
+        out.conv = cu::GemvConv{dw.get(), kc, C, st_got.get(), stride, dslots.get(), o_got.get(), C};
+        ASSERT_EQ(cu::gemv(dW.get(), core::DType::kBF16, N, K, dx.get(), K, x16, T, out, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        const std::string at =
+            "K=" + std::to_string(K) + " conv " + std::to_string(kc) + " T=" + std::to_string(T);
+        EXPECT_EQ(y_got.download(), y_ref.download()) << at;
+        EXPECT_EQ(st_got.download(), st_ref.download()) << at;
+        EXPECT_LE(rel_err(o_got.download(), o_ref.download()), 1e-6) << at;
+      }
+    }
+  }
+  // Not with SwiGLU (the columns would not be the conv's channels).
+  cu::GemvOut bad{nullptr, N, true, {}};
+  bad.conv.w = reinterpret_cast<const float*>(16);
+  EXPECT_EQ(cu::gemv(nullptr, core::DType::kBF16, 2 * N, 64, nullptr, 64, nullptr, 1, bad, nullptr),
+            cudaErrorInvalidValue);
+}
+
 // Qwen3.6-27B decode shapes (N, K): FFN gate/up and down, DeltaNet in/out, attention qkv/o, lm_head.
 TEST_F(CudaGemv, DISABLED_TimingSweep27B) {
   const Case shapes[] = {{34816, 5120}, {5120, 17408},  {16480, 5120}, {5120, 6144},
@@ -153,9 +205,9 @@ TEST_F(CudaGemv, DISABLED_TimingSweep27B) {
         std::vector<float> ms;
         for (int it = 0; it < 12; ++it) {
           cudaEventRecord(e0);
-          const cudaError_t err =
-              cu::gemv_with_plan(W[it % kCopies], core::DType::kBF16, s.N, s.K, x.get(), s.K,
-                                 mma ? x16.get() : nullptr, T, cu::GemvOut{y.get(), s.N, false}, p, nullptr);
+          const cudaError_t err = cu::gemv_with_plan(W[it % kCopies], core::DType::kBF16, s.N, s.K, x.get(),
+                                                     s.K, mma ? x16.get() : nullptr, T,
+                                                     cu::GemvOut{y.get(), s.N, false, {}}, p, nullptr);
           cudaEventRecord(e1);
           ASSERT_EQ(err, cudaSuccess);
           cudaEventSynchronize(e1);

@@ -639,10 +639,12 @@ core::Status CudaBackend::set_length(SequenceState& s, int64_t length) {
 // The forward pass
 
 core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
-                                 bool force_fp32, bool swiglu) {
+                                 bool force_fp32, bool swiglu, const GemvConv& conv) {
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   const bool use_gemm = !force_fp32 && !opt_.exact && !swiglu && T > kGemvMaxRows && half &&
                         W.cols % 8 == 0 && static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
+  if (conv.w && T > kGemvMaxRows)
+    return core::Error{"cuda backend: the conv epilogue is for one GEMV launch"};
   if (use_gemm) {
     DF_CUDA_TRY(convert_rows(x, ldx, T, W.cols, ws_.x16, W.dtype, stream_));
     return gemm_.run(W.data, W.dtype, W.rows, W.cols, ws_.x16, T, y, ldy, stream_);
@@ -654,7 +656,7 @@ core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const D
                      static_cast<size_t>(rows * W.cols) <= ws_.x16_elems;
     if (mma) DF_CUDA_TRY(convert_rows(x + t0 * ldx, ldx, rows, W.cols, ws_.x16, W.dtype, stream_));
     DF_CUDA_TRY(gemv(W.data, W.dtype, W.rows, W.cols, x + t0 * ldx, ldx, mma ? ws_.x16 : nullptr, rows,
-                     GemvOut{y + t0 * ldy, ldy, swiglu}, stream_));
+                     GemvOut{y + t0 * ldy, ldy, swiglu, conv}, stream_));
   }
   return core::Status();
 }
@@ -665,17 +667,25 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
                 nv = c.linear_num_value_heads;
   const int64_t P = C + vd + 2 * nv;
   const int K = static_cast<int>(c.linear_conv_kernel_dim);
-  // [q k v | z | b | a] = x @ in_proj^T
-  prof_.mark("gdn in_proj", stream_);
-  DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P));
-  prof_.mark("gdn conv1d", stream_);
+  // [q k v | z | b | a] = x @ in_proj^T, then the causal conv1d + SiLU of [q k v]. At decode of up to
+  // kGemvSimtRows rows the conv is the GEMV's epilogue (gemv.cuh), one launch; the tensor-core GEMV's lanes
+  // write many outputs each, and there the conv's dependent state loads cost more than a launch.
   float* conv_base = conv_states_ + L.type_index * conv_layer_;
-  if (prefill) {
-    DF_CUDA_TRY(causal_conv1d_prefill(ws_.proj, P, n, C, L.conv_w, K, conv_base + slot * conv_slot_, ws_.conv,
-                                      C, stream_));
+  if (!prefill && n <= kGemvSimtRows) {
+    prof_.mark("gdn in_proj+conv1d", stream_);
+    const GemvConv conv{L.conv_w, K, C, conv_base, conv_slot_, ws_.slot, ws_.conv, C};
+    DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P, false, false, conv));
   } else {
-    DF_CUDA_TRY(causal_conv1d_decode(ws_.proj, P, static_cast<int>(n), C, L.conv_w, K, conv_base, conv_slot_,
-                                     ws_.slot, ws_.conv, C, stream_));
+    prof_.mark("gdn in_proj", stream_);
+    DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P));
+    prof_.mark("gdn conv1d", stream_);
+    if (prefill) {
+      DF_CUDA_TRY(causal_conv1d_prefill(ws_.proj, P, n, C, L.conv_w, K, conv_base + slot * conv_slot_,
+                                        ws_.conv, C, stream_));
+    } else {
+      DF_CUDA_TRY(causal_conv1d_decode(ws_.proj, P, static_cast<int>(n), C, L.conv_w, K, conv_base,
+                                       conv_slot_, ws_.slot, ws_.conv, C, stream_));
+    }
   }
   prof_.mark(prefill ? "gdn prefill" : "gdn decode", stream_);
   GdnArgs g;

@@ -18,6 +18,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/cuda/gemm.hpp"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/op_profile.hpp"
 #include "core/dtype.hpp"
 #include "model/config.hpp"
@@ -158,8 +159,9 @@ class CudaBackend final : public Backend {
   core::Status moe(const DLayer& L, int64_t n);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
   // swiglu: W is [gate | up] and y receives silu(gate) * up ([T, W.rows / 2]); decode row counts only.
+  // conv (T <= kGemvMaxRows only): the conv1d decode step as the GEMV's epilogue.
   core::Status linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
-                      bool force_fp32 = false, bool swiglu = false);
+                      bool force_fp32 = false, bool swiglu = false, const GemvConv& conv = {});
   // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
   core::Status lm_head(int64_t r0, int64_t rows);
   core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);

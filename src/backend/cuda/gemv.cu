@@ -1,6 +1,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/conv1d.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
@@ -23,7 +24,25 @@ struct GemvArgs {
   float* y;
   int64_t ldy;
   int64_t n_out;  // output columns: N, or N / 2 with SwiGLU
+  GemvConv conv;
 };
+
+// y[t, n] = v, and the conv1d step of column n when the launch carries one (gemv.cuh).
+__device__ __forceinline__ void store_out(const GemvArgs& a, float* y, int t, int64_t n, float v) {
+  y[t * a.ldy + n] = v;
+  const GemvConv& c = a.conv;
+  if (c.w == nullptr || n >= c.C) return;
+  const int S = c.K - 1;
+  float* st = c.states + static_cast<int64_t>(c.slots[t]) * c.slot_stride + n * S;
+  const float* w = c.w + n * c.K;
+  float win[kMaxConvKernel];
+  for (int j = 0; j < S; ++j) win[j] = st[j];
+  win[S] = v;
+  float acc = 0.0f;
+  for (int j = 0; j < c.K; ++j) acc += w[j] * win[j];
+  c.out[t * c.ld_out + n] = silu_f(acc);
+  for (int j = 0; j < S; ++j) st[j] = win[j + 1];
+}
 
 // Output rows of a warp's weight rows: with SwiGLU the first half of the R rows are gate rows o0 + r, the
 // second half the matching up rows n_out + o0 + r.
@@ -147,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_simt(GemvArgs a) {
       for (int p = 0; p < KS; ++p) u += red[grp * KS + p][(r + kOut) * TT + t];
       s = silu_f(s) * u;
     }
-    y[t * a.ldy + o0 + r] = s;
+    store_out(a, y, t, o0 + r, s);
   }
 }
 
@@ -177,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_scalar(GemvArgs a, bool 
     }
     acc = warp_sum(acc);
     if (sw) acc = silu_f(acc) * warp_sum(acc_u);
-    if (lane == 0) y[t * a.ldy + n] = acc;
+    if (lane == 0) store_out(a, y, t, n, acc);
   }
 }
 
@@ -308,8 +327,8 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
           if (o < a.n_out) a.y[t * a.ldy + o] = silu_f(acc[m][j][c]) * acc[m][j][2 + c];
         } else {
           const int64_t o = o0 + m * 16 + g;
-          if (o < a.N) a.y[t * a.ldy + o] = acc[m][j][c];
-          if (o + 8 < a.N) a.y[t * a.ldy + o + 8] = acc[m][j][2 + c];
+          if (o < a.N) store_out(a, a.y, t, o, acc[m][j][c]);
+          if (o + 8 < a.N) store_out(a, a.y, t, o + 8, acc[m][j][2 + c]);
         }
       }
 }
@@ -444,6 +463,9 @@ cudaError_t run(GemvArgs a, core::DType dtype, bool sw, int groups, int plan, bo
   if (a.N == 0 || a.T == 0 || groups == 0) return cudaSuccess;
   if (a.T < 0 || a.T > kGemvMaxRows || groups > 65535 || a.x_div <= 0 || (sw && a.N % 2 != 0))
     return cudaErrorInvalidValue;
+  if (a.conv.w && (sw || a.expert || a.conv.K < 1 || a.conv.K > kMaxConvKernel || a.conv.C > a.N ||
+                   !a.conv.states || !a.conv.slots || !a.conv.out))
+    return cudaErrorInvalidValue;
   a.n_out = sw ? a.N / 2 : a.N;
   switch (dtype) {
     case core::DType::kBF16:
@@ -462,16 +484,16 @@ cudaError_t run(GemvArgs a, core::DType dtype, bool sw, int groups, int plan, bo
 
 cudaError_t gemv(const void* W, core::DType dtype, int64_t N, int64_t K, const float* x, int64_t ldx,
                  const void* x16, int T, const GemvOut& out, cudaStream_t stream) {
-  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0}, dtype, out.swiglu, 1, -1,
-             true, stream);
+  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0, out.conv}, dtype, out.swiglu,
+             1, -1, true, stream);
 }
 
 cudaError_t gemv_grouped(const void* W, core::DType dtype, int64_t N, int64_t K, int64_t w_stride,
                          const int* expert, int groups, const float* x, int64_t ldx, int x_div, float* y,
                          int64_t ldy, cudaStream_t stream) {
   if (!expert) return cudaErrorInvalidValue;
-  return run(GemvArgs{W, N, K, w_stride, expert, x, ldx, nullptr, x_div, 1, y, ldy, 0}, dtype, false, groups,
-             -1, false, stream);
+  return run(GemvArgs{W, N, K, w_stride, expert, x, ldx, nullptr, x_div, 1, y, ldy, 0, {}}, dtype, false,
+             groups, -1, false, stream);
 }
 
 int gemv_simt_plans() {
@@ -495,8 +517,8 @@ cudaError_t gemv_with_plan(const void* W, core::DType dtype, int64_t N, int64_t 
                            int64_t ldx, const void* x16, int T, const GemvOut& out, int plan,
                            cudaStream_t stream) {
   const bool mma = x16 != nullptr;
-  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0}, dtype, out.swiglu, 1, plan,
-             mma, stream);
+  return run(GemvArgs{W, N, K, 0, nullptr, x, ldx, x16, 1, T, out.y, out.ldy, 0, out.conv}, dtype, out.swiglu,
+             1, plan, mma, stream);
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -25,10 +25,25 @@ inline constexpr int kGemvMaxRows = 32;
 // 16-bit activations.
 inline constexpr int kGemvSimtRows = 4;
 
+// The Gated DeltaNet's conv1d decode step (conv1d.cuh) done where output columns n < C are written, so
+// in_proj and the conv are one launch: out[t, n] = silu(sum_j w[n, j] * [state[n] | y[t, n]]_j) and the
+// state (row t's at states + slots[t] * slot_stride, [C, K-1]) shifts by one. y is written as well.
+struct GemvConv {
+  const float* w = nullptr;  // [C, K]; null: no conv
+  int K = 0;
+  int64_t C = 0;
+  float* states = nullptr;
+  int64_t slot_stride = 0;
+  const int* slots = nullptr;
+  float* out = nullptr;  // [T, ld_out]
+  int64_t ld_out = 0;
+};
+
 struct GemvOut {
   float* y = nullptr;  // [T, ldy]
   int64_t ldy = 0;
   bool swiglu = false;  // y[t, i] = silu(p[t, i]) * p[t, N/2 + i] for i < N/2, p = x @ W.T
+  GemvConv conv;        // not with swiglu
 };
 
 // y[t, n] = sum_k x[t, k] * W[n, k] for t < T <= kGemvMaxRows (PyTorch: y = x @ W.T).
@@ -42,7 +57,7 @@ cudaError_t gemv(const void* W, core::DType dtype, int64_t N, int64_t K, const f
 // The plain form: y = x @ W.T with fp32 activations.
 inline cudaError_t gemv(const void* W, core::DType dtype, int64_t N, int64_t K, const float* x, int64_t ldx,
                         int T, float* y, int64_t ldy, cudaStream_t stream) {
-  return gemv(W, dtype, N, K, x, ldx, nullptr, T, GemvOut{y, ldy, false}, stream);
+  return gemv(W, dtype, N, K, x, ldx, nullptr, T, GemvOut{y, ldy, false, {}}, stream);
 }
 
 // The grouped form, for MoE slots: `groups` problems of one row each. Problem g multiplies the matrix at
