@@ -831,7 +831,20 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
                                  ws_.act, Is, T, ws_.y, H, stream_));
     return core::Status();
   }
-  DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
+  // Prefill: the fp32 router (and shared gate) logits in tiles of kGemvMaxRows tokens through the decode
+  // kernel, which splits K over a block and fills the GPU with a few hundred rows (the plain GEMV gives
+  // E + 1 = 257 rows two blocks' worth of warps, and a 1-row shared gate one block: 28 ms a layer each at
+  // 8K).
+  if (L.router_gate.data) {
+    for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, n - t0));
+      DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn + t0 * H, H,
+                                    rows, ws_.router + t0 * E, E, ws_.shared_gate + t0, 1, stream_));
+    }
+  } else {
+    DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
+    DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
+  }
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
   prof_.mark("moe experts", stream_);
@@ -881,7 +894,6 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
   DF_CUDA_TRY(swiglu(ws_.proj, 2 * Is, n, Is, ws_.act, Is, stream_));
   DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
-  DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
   prof_.mark("moe combine", stream_);
   DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_shared, ws_.shared_gate,
                           ws_.y, stream_));
