@@ -127,8 +127,8 @@ TEST_F(CudaGemv, SimtRowsAreBatchInvariant) {
   }
 }
 
-// The conv1d epilogue (GemvConv) on every kernel path (SIMT, tensor cores, the scalar path of an unaligned
-// K) equals the plain GEMV followed by causal_conv1d_decode: y bit-equal, the shifted states bit-equal (they
+// The conv1d epilogue (GemvConv) on the SIMT kernel (T = 1..32 rows) and the scalar path of an unaligned K
+// equals the plain GEMV followed by causal_conv1d_decode: y bit-equal, the shifted states bit-equal (they
 // are copies), the conv output to 1e-6 (the same sum in the same order; only FMA contraction may differ).
 TEST_F(CudaGemv, ConvEpilogueEqualsGemvThenConv1d) {
   std::mt19937 rng(44);
@@ -150,7 +150,7 @@ TEST_F(CudaGemv, ConvEpilogueEqualsGemvThenConv1d) {
         DevBuf<int> dslots(slots);
         DevBuf<uint8_t> dx16(static_cast<size_t>(T * K) * 2);
         ASSERT_EQ(cu::convert_rows(dx.get(), K, T, K, dx16.get(), core::DType::kBF16, nullptr), cudaSuccess);
-        const void* x16 = K % 32 == 0 ? dx16.get() : nullptr;
+        const void* x16 = K % 32 == 0 && T <= cu::kGemvSimtRows ? dx16.get() : nullptr;
         ASSERT_EQ(cu::gemv(dW.get(), core::DType::kBF16, N, K, dx.get(), K, x16, T,
                            cu::GemvOut{y_ref.get(), N, false, {}}, nullptr),
                   cudaSuccess);
@@ -170,7 +170,19 @@ TEST_F(CudaGemv, ConvEpilogueEqualsGemvThenConv1d) {
       }
     }
   }
-  // Not with SwiGLU (the columns would not be the conv's channels).
+  // Not on the tensor-core kernel, nor with SwiGLU (the columns would not be the conv's channels).
+  {
+    const int T = 8;
+    const int64_t K = 64;
+    DevBuf<uint8_t> dW(static_cast<size_t>(N * K) * 2), dx16(static_cast<size_t>(T * K) * 2);
+    DevBuf<float> dx(static_cast<size_t>(T * K)), dy(static_cast<size_t>(T * N)),
+        dw(static_cast<size_t>(C * 4)), st(static_cast<size_t>(C * 3)), o(static_cast<size_t>(T * C));
+    DevBuf<int> slots(std::vector<int>(T, 0));
+    cu::GemvOut out{dy.get(), N, false, {}};
+    out.conv = cu::GemvConv{dw.get(), 4, C, st.get(), 0, slots.get(), o.get(), C};
+    EXPECT_EQ(cu::gemv(dW.get(), core::DType::kBF16, N, K, dx.get(), K, dx16.get(), T, out, nullptr),
+              cudaErrorInvalidValue);
+  }
   cu::GemvOut bad{nullptr, N, true, {}};
   bad.conv.w = reinterpret_cast<const float*>(16);
   EXPECT_EQ(cu::gemv(nullptr, core::DType::kBF16, 2 * N, 64, nullptr, 64, nullptr, 1, bad, nullptr),

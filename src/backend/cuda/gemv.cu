@@ -27,7 +27,8 @@ struct GemvArgs {
   GemvConv conv;
 };
 
-// y[t, n] = v, and the conv1d step of column n when the launch carries one (gemv.cuh).
+// y[t, n] = v, and the conv1d step of column n when the launch carries one (gemv.cuh): the window is
+// [state | v], summed in order as causal_conv1d_decode does, and the state shifts by one (registers only).
 __device__ __forceinline__ void store_out(const GemvArgs& a, float* y, int t, int64_t n, float v) {
   y[t * a.ldy + n] = v;
   const GemvConv& c = a.conv;
@@ -35,13 +36,16 @@ __device__ __forceinline__ void store_out(const GemvArgs& a, float* y, int t, in
   const int S = c.K - 1;
   float* st = c.states + static_cast<int64_t>(c.slots[t]) * c.slot_stride + n * S;
   const float* w = c.w + n * c.K;
-  float win[kMaxConvKernel];
-  for (int j = 0; j < S; ++j) win[j] = st[j];
-  win[S] = v;
   float acc = 0.0f;
-  for (int j = 0; j < c.K; ++j) acc += w[j] * win[j];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    if (j < c.K) {
+      const float xj = j < S ? st[j] : v;
+      acc += w[j] * xj;
+      if (j > 0) st[j - 1] = xj;
+    }
+  }
   c.out[t * c.ld_out + n] = silu_f(acc);
-  for (int j = 0; j < S; ++j) st[j] = win[j + 1];
 }
 
 // Output rows of a warp's weight rows: with SwiGLU the first half of the R rows are gate rows o0 + r, the
@@ -327,8 +331,8 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_mma(GemvArgs a) {
           if (o < a.n_out) a.y[t * a.ldy + o] = silu_f(acc[m][j][c]) * acc[m][j][2 + c];
         } else {
           const int64_t o = o0 + m * 16 + g;
-          if (o < a.N) store_out(a, a.y, t, o, acc[m][j][c]);
-          if (o + 8 < a.N) store_out(a, a.y, t, o + 8, acc[m][j][2 + c]);
+          if (o < a.N) a.y[t * a.ldy + o] = acc[m][j][c];
+          if (o + 8 < a.N) a.y[t * a.ldy + o + 8] = acc[m][j][2 + c];
         }
       }
 }
@@ -439,6 +443,7 @@ cudaError_t dispatch(const GemvArgs& a, bool sw, int groups, int plan, bool want
     const bool mma_ok = a.x16 != nullptr && a.expert == nullptr && a.T > kGemvSimtRows && a.K % 32 == 0 &&
                         aligned16(a.W) && aligned16(a.x16);
     if (mma_ok && want_mma) {
+      if (a.conv.w) return cudaErrorInvalidValue;  // the conv epilogue is on the SIMT and scalar kernels only
       const int p = plan >= 0 ? plan : default_mma_plan(a.T);
       if (a.T <= 8) return mma_by_plan<WT, 1>(a, sw, p, s);
       if (a.T <= 16) return mma_by_plan<WT, 2>(a, sw, p, s);

@@ -43,7 +43,7 @@ struct GemvOut {
   float* y = nullptr;  // [T, ldy]
   int64_t ldy = 0;
   bool swiglu = false;  // y[t, i] = silu(p[t, i]) * p[t, N/2 + i] for i < N/2, p = x @ W.T
-  GemvConv conv;        // not with swiglu
+  GemvConv conv;        // not with swiglu, nor on the tensor-core kernel (x16 with T > kGemvSimtRows)
 };
 
 // y[t, n] = sum_k x[t, k] * W[n, k] for t < T <= kGemvMaxRows (PyTorch: y = x @ W.T).
