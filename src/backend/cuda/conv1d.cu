@@ -1,5 +1,6 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/conv1d.cuh"
+#include "backend/cuda/conv1d_step.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -25,6 +26,56 @@ __global__ void kernel_conv1d_prefill_out(const float* __restrict__ in, int64_t 
   out[t * ld_out + c] = silu_f(acc);
 }
 
+// The same for channels in 16-byte groups (C, ld_in, ld_out multiples of 4, aligned rows): a thread owns 4
+// channels over a run of kConvRun tokens and slides the window down it in registers, so each input is read
+// about once (the one-thread-per-output form reads it K times and divides 64-bit indices). Same order of
+// summation (j = 0 .. K-1) as the kernel above and conv1d_step.
+constexpr int kConvRun = 32;
+
+template <int K>
+__global__ void __launch_bounds__(kThreads)
+    kernel_conv1d_prefill_out_vec(const float* __restrict__ in, int64_t ld_in, int64_t T, int64_t C,
+                                  const float* __restrict__ w, const float* __restrict__ state,
+                                  float* __restrict__ out, int64_t ld_out) {
+  constexpr int S = K - 1;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
+  if (c >= C) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvRun, t1 = min64(t0 + kConvRun, T);
+  float wk[K][4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int j = 0; j < K; ++j) wk[j][q] = w[(c + q) * K + j];
+  float4 win[K];  // win[j]: the input at position t - S + j
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const int64_t s = t0 - S + j;
+    if (s >= 0) {
+      win[j] = *reinterpret_cast<const float4*>(in + s * ld_in + c);
+    } else {
+      const int64_t p = S + s;  // into the state
+      win[j] = make_float4(state[c * S + p], state[(c + 1) * S + p], state[(c + 2) * S + p],
+                           state[(c + 3) * S + p]);
+    }
+  }
+#pragma unroll 4
+  for (int64_t t = t0; t < t1; ++t) {
+    win[S] = *reinterpret_cast<const float4*>(in + t * ld_in + c);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      acc.x += wk[j][0] * win[j].x;
+      acc.y += wk[j][1] * win[j].y;
+      acc.z += wk[j][2] * win[j].z;
+      acc.w += wk[j][3] * win[j].w;
+    }
+    *reinterpret_cast<float4*>(out + t * ld_out + c) =
+        make_float4(silu_f(acc.x), silu_f(acc.y), silu_f(acc.z), silu_f(acc.w));
+#pragma unroll
+    for (int j = 0; j < S; ++j) win[j] = win[j + 1];
+  }
+}
+
 // state = the last K-1 inputs of [state, in].
 __global__ void kernel_conv1d_prefill_state(const float* __restrict__ in, int64_t ld_in, int64_t T, int64_t C,
                                             int K, float* __restrict__ state) {
@@ -47,15 +98,8 @@ __global__ void kernel_conv1d_decode(const float* __restrict__ in, int64_t ld_in
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= static_cast<int64_t>(n) * C) return;
   const int64_t i = idx / C, c = idx % C;
-  const int S = K - 1;
-  float* st = states + static_cast<int64_t>(slots[i]) * slot_stride + c * S;
-  float win[kMaxConvKernel];
-  for (int j = 0; j < S; ++j) win[j] = st[j];
-  win[S] = in[i * ld_in + c];
-  float acc = 0.0f;
-  for (int j = 0; j < K; ++j) acc += w[c * K + j] * win[j];
-  out[i * ld_out + c] = silu_f(acc);
-  for (int j = 0; j < S; ++j) st[j] = win[j + 1];
+  float* st = states + static_cast<int64_t>(slots[i]) * slot_stride + c * (K - 1);
+  out[i * ld_out + c] = conv1d_step(st, w + c * K, K, in[i * ld_in + c]);
 }
 
 }  // namespace
@@ -64,8 +108,16 @@ cudaError_t causal_conv1d_prefill(const float* in, int64_t ld_in, int64_t T, int
                                   float* state, float* out, int64_t ld_out, cudaStream_t stream) {
   if (K < 1 || K > kMaxConvKernel) return cudaErrorInvalidValue;
   if (T == 0 || C == 0) return cudaSuccess;
-  kernel_conv1d_prefill_out<<<grid_1d(T * C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, w, K, state,
-                                                                               out, ld_out);
+  const bool vec = C % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && aligned16(in) && aligned16(out);
+  const dim3 vgrid(grid_1d(C / 4, kThreads), static_cast<unsigned>((T + kConvRun - 1) / kConvRun));
+  if (vec && K == 4 && vgrid.y <= 65535) {
+    kernel_conv1d_prefill_out_vec<4><<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, state, out, ld_out);
+  } else if (vec && K == 2 && vgrid.y <= 65535) {
+    kernel_conv1d_prefill_out_vec<2><<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, state, out, ld_out);
+  } else {
+    kernel_conv1d_prefill_out<<<grid_1d(T * C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, w, K, state,
+                                                                                 out, ld_out);
+  }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (K == 1) return cudaSuccess;
   kernel_conv1d_prefill_state<<<grid_1d(C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, K, state);

@@ -1,7 +1,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/conv1d.cuh"
+#include "backend/cuda/conv1d_step.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
@@ -28,24 +28,13 @@ struct GemvArgs {
 };
 
 // y[t, n] = v, and the conv1d step of column n when the launch carries one (gemv.cuh): the window is
-// [state | v], summed in order as causal_conv1d_decode does, and the state shifts by one (registers only).
+// [state | v] (conv1d_step, as causal_conv1d_decode), and the state shifts by one.
 __device__ __forceinline__ void store_out(const GemvArgs& a, float* y, int t, int64_t n, float v) {
   y[t * a.ldy + n] = v;
   const GemvConv& c = a.conv;
   if (c.w == nullptr || n >= c.C) return;
-  const int S = c.K - 1;
-  float* st = c.states + static_cast<int64_t>(c.slots[t]) * c.slot_stride + n * S;
-  const float* w = c.w + n * c.K;
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
-    if (j < c.K) {
-      const float xj = j < S ? st[j] : v;
-      acc += w[j] * xj;
-      if (j > 0) st[j - 1] = xj;
-    }
-  }
-  c.out[t * c.ld_out + n] = silu_f(acc);
+  float* st = c.states + static_cast<int64_t>(c.slots[t]) * c.slot_stride + n * (c.K - 1);
+  c.out[t * c.ld_out + n] = conv1d_step(st, c.w + n * c.K, c.K, v);
 }
 
 // Output rows of a warp's weight rows: with SwiGLU the first half of the R rows are gate rows o0 + r, the
