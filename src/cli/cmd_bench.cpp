@@ -53,6 +53,8 @@ class BenchModel {
                                      std::span<const int32_t> tokens, std::vector<int32_t>& ids) = 0;
   virtual core::Status prefill(std::span<const backend::PrefillItem> items, std::vector<float>& logits) = 0;
   virtual backend::cuda::OpProfile* profile() = 0;  // null: not profiled (tensor parallel)
+  // What the load-time GEMM tuning chose (empty: not known here, as with tensor parallel).
+  virtual std::vector<backend::cuda::GemmTuning> gemm_tunings() const = 0;
 };
 
 template <class B>
@@ -71,6 +73,13 @@ class BenchModelOf final : public BenchModel {
   }
   core::Status prefill(std::span<const backend::PrefillItem> items, std::vector<float>& logits) override {
     return b_->prefill(items, logits);
+  }
+  std::vector<backend::cuda::GemmTuning> gemm_tunings() const override {
+    if constexpr (requires { b_->gemm_tunings(); }) {
+      return b_->gemm_tunings();
+    } else {
+      return {};
+    }
   }
   backend::cuda::OpProfile* profile() override {
     if constexpr (requires { b_->profile(); }) {
@@ -172,7 +181,9 @@ core::Expected<double> measure_gemm_rate() {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<double> t;
-  core::Status st;
+  // The same load-time choice among cuBLASLt's candidates that the backend's matmuls get.
+  core::Status st = gemm.tune(
+      backend::cuda::GemmCall{w, core::DType::kBF16, n, n, x, n, y, core::DType::kF32, n}, 12, nullptr);
   for (int i = 0; i < 13 && st.is_ok(); ++i) {
     cudaEventRecord(e0);
     st = gemm.run(w, core::DType::kBF16, n, n, x, n, y, n, nullptr);
@@ -503,6 +514,16 @@ int cmd_bench(const Argv& argv) {
       std::printf("\n  profile: prefill of %lld tokens (GPU time)\n", static_cast<long long>(r.tokens));
       print_ops(r.ops, r.seconds);
     }
+  if (profile) {
+    const auto tunings = b.gemm_tunings();
+    if (!tunings.empty())
+      std::printf(
+          "\n  cuBLASLt tuning at load (prefill chunk shapes, N x K x T: first heuristic -> chosen)\n");
+    for (const auto& t : tunings)
+      std::printf("      %6lld x %6lld x %5lld  %8.3f ms -> %8.3f ms  (#%d of %d)\n",
+                  static_cast<long long>(t.N), static_cast<long long>(t.K), static_cast<long long>(t.T),
+                  t.heuristic_s * 1e3, t.best_s * 1e3, t.chosen, t.candidates);
+  }
   return 0;
 #endif
 }

@@ -34,9 +34,12 @@ namespace deltaflow {
 namespace {
 
 using gpu_test::DevBuf;
+using gpu_test::from_bytes;
 using gpu_test::HostMat;
 using gpu_test::randn;
 using gpu_test::rel_err;
+using gpu_test::round_to;
+using gpu_test::to_bytes;
 namespace cu = backend::cuda;
 namespace cpu = backend::cpu;
 
@@ -127,8 +130,71 @@ TEST_F(CudaOps, GemmEqualsCpuLinearOnRoundedInputs) {
       cpu::linear(x.data(), T, W.mat, ref.data());
       EXPECT_LE(rel_err(dy.download(), ref), 1e-4)
           << core::dtype_name(dt) << " T=" << T << " N=" << N << " K=" << K;
+      // The output in the weights' type: the fp32 result rounded once (half an ulp: 2^-9 bf16, 2^-12 f16,
+      // relative to the largest output at most).
+      DevBuf<uint8_t> y16(static_cast<size_t>(T * N) * 2);
+      const auto st16 = gemm.run(cu::GemmCall{dW.get(), dt, N, K, x16.get(), T, y16.get(), dt, N}, nullptr);
+      ASSERT_TRUE(st16.is_ok()) << st16.message();
+      EXPECT_LE(rel_err(from_bytes(y16.download(), dt), ref), dt == core::DType::kBF16 ? 4e-3 : 5e-4)
+          << core::dtype_name(dt) << " 16-bit out T=" << T << " N=" << N << " K=" << K;
     }
   }
+  // An output type that is neither fp32 nor the weights' is refused.
+  DevBuf<uint8_t> w(64 * 64 * 2), xb(64 * 64 * 2), yb(64 * 64 * 2);
+  EXPECT_FALSE(gemm.run(cu::GemmCall{w.get(), core::DType::kBF16, 64, 64, xb.get(), 64, yb.get(),
+                                     core::DType::kF16, 64},
+                        nullptr)
+                   .is_ok());
+}
+
+TEST_F(CudaOps, ConvertRowsRoundsToNearestEven) {
+  std::mt19937 rng(12);
+  // K = 64: four values per thread; K = 45: one. A row stride past K (a column range), bits as the host
+  // rounds them.
+  for (core::DType dt : {core::DType::kBF16, core::DType::kF16}) {
+    for (int64_t K : {45, 64}) {
+      const int64_t T = 9, ldx = K + 4;
+      auto x = randn(rng, static_cast<size_t>(T * ldx), 3.0f);
+      DevBuf<float> dx(x);
+      DevBuf<uint8_t> d16(static_cast<size_t>(T * K) * 2);
+      ASSERT_EQ(cu::convert_rows(dx.get(), ldx, T, K, d16.get(), dt, nullptr), cudaSuccess);
+      std::vector<float> want(static_cast<size_t>(T * K));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < K; ++k) want[t * K + k] = round_to(x[t * ldx + k], dt);
+      EXPECT_EQ(from_bytes(d16.download(), dt), want) << core::dtype_name(dt) << " K=" << K;
+    }
+  }
+}
+
+TEST_F(CudaOps, TunedGemmKeepsItsChoiceAndItsResult) {
+  std::mt19937 rng(14);
+  const int64_t T = 96, N = 384, K = 512;
+  const core::DType dt = core::DType::kBF16;
+  HostMat W(randn(rng, static_cast<size_t>(N * K)), dt, N, K);
+  DevBuf<uint8_t> dW(W.bytes);
+  auto x = randn(rng, static_cast<size_t>(T * K));
+  DevBuf<float> dx(x), dy(static_cast<size_t>(T * N));
+  DevBuf<uint8_t> x16(static_cast<size_t>(T * K) * 2);
+  ASSERT_EQ(cu::convert_rows(dx.get(), K, T, K, x16.get(), dt, nullptr), cudaSuccess);
+  cu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(32u << 20).is_ok());
+  const cu::GemmCall call{dW.get(), dt, N, K, x16.get(), T, dy.get(), core::DType::kF32, N};
+  ASSERT_TRUE(gemm.tune(call, 8, nullptr).is_ok());
+  ASSERT_EQ(gemm.tunings().size(), 1u);
+  const cu::GemmTuning t = gemm.tunings()[0];
+  EXPECT_GE(t.candidates, 1);
+  EXPECT_LT(t.chosen, 8);
+  EXPECT_GT(t.best_s, 0.0);
+  EXPECT_LE(t.best_s, t.heuristic_s > 0 ? t.heuristic_s : t.best_s);
+  // A shape already chosen is not timed again.
+  ASSERT_TRUE(gemm.tune(call, 8, nullptr).is_ok());
+  EXPECT_EQ(gemm.tunings().size(), 1u);
+  // Whatever it chose computes the product.
+  ASSERT_TRUE(gemm.run(call, nullptr).is_ok());
+  for (auto& v : x) v = core::round_bf16(v);
+  std::vector<float> ref(static_cast<size_t>(T * N));
+  cpu::linear(x.data(), T, W.mat, ref.data());
+  EXPECT_LE(rel_err(dy.download(), ref), 1e-4);
 }
 
 // ---- norms, SwiGLU
@@ -151,22 +217,51 @@ TEST_F(CudaOps, AddRmsNorm1pEqualsCpu) {
         for (size_t i = 0; i < h.size(); ++i) h[i] += y[i];
       std::vector<float> ref(h.size());
       cpu::rmsnorm_1p(h.data(), T, n, w.data(), 1e-6, ref.data());
-      EXPECT_LE(rel_err(dxn.download(), ref), 2e-5) << "n=" << n;
+      const auto xn = dxn.download();
+      EXPECT_LE(rel_err(xn, ref), 2e-5) << "n=" << n;
       EXPECT_LE(rel_err(dh.download(), h), 0.0) << "residual, n=" << n;
+      // The 16-bit form (a prefill matmul's input): the same values rounded once, bit for bit. No add here:
+      // h already holds the sum.
+      for (core::DType dt : {core::DType::kBF16, core::DType::kF16}) {
+        DevBuf<uint8_t> dx16(static_cast<size_t>(T * n) * 2);
+        ASSERT_EQ(cu::add_rmsnorm1p_16(dh.get(), nullptr, T, n, dw.get(), 1e-6f, dx16.get(), dt, nullptr),
+                  cudaSuccess);
+        std::vector<float> want(xn.size());
+        for (size_t i = 0; i < xn.size(); ++i) want[i] = round_to(xn[i], dt);
+        EXPECT_EQ(from_bytes(dx16.download(), dt), want) << "16-bit n=" << n << " " << core::dtype_name(dt);
+      }
     }
   }
 }
 
 TEST_F(CudaOps, SwigluEqualsCpu) {
   std::mt19937 rng(15);
-  const int64_t T = 7, I = 45;
-  auto gu = randn(rng, static_cast<size_t>(T * 2 * I), 2.0f);
-  DevBuf<float> dgu(gu), dout(static_cast<size_t>(T * I));
-  ASSERT_EQ(cu::swiglu(dgu.get(), 2 * I, T, I, dout.get(), I, nullptr), cudaSuccess);
-  std::vector<float> ref(static_cast<size_t>(T * I));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < I; ++i) ref[t * I + i] = cpu::silu(gu[t * 2 * I + i]) * gu[t * 2 * I + I + i];
-  EXPECT_LE(rel_err(dout.download(), ref), 2e-5);
+  using core::DType;
+  // I = 45: one value per thread; I = 64: four (16- or 8-byte accesses). 16-bit in: the reference reads the
+  // same rounded values; 16-bit out: one rounding of the fp32 result (half an ulp relative to the largest).
+  const std::vector<std::pair<DType, DType>> types = {{DType::kF32, DType::kF32},
+                                                      {DType::kF32, DType::kBF16},
+                                                      {DType::kBF16, DType::kBF16},
+                                                      {DType::kF16, DType::kF16}};
+  for (int64_t I : {45, 64}) {
+    for (auto [ti, to] : types) {
+      const int64_t T = 7;
+      auto gu = randn(rng, static_cast<size_t>(T * 2 * I), 2.0f);
+      for (auto& v : gu) v = round_to(v, ti);
+      DevBuf<uint8_t> dgu(to_bytes(gu, ti)), dout(static_cast<size_t>(T * I) * core::dtype_size(to));
+      ASSERT_EQ(cu::swiglu(dgu.get(), ti, 2 * I, T, I, dout.get(), to, I, nullptr), cudaSuccess);
+      std::vector<float> ref(static_cast<size_t>(T * I));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < I; ++i) ref[t * I + i] = cpu::silu(gu[t * 2 * I + i]) * gu[t * 2 * I + I + i];
+      const double tol = to == DType::kF32 ? 2e-5 : to == DType::kBF16 ? 4e-3 : 5e-4;
+      EXPECT_LE(rel_err(from_bytes(dout.download(), to), ref), tol)
+          << "I=" << I << " " << core::dtype_name(ti) << " -> " << core::dtype_name(to);
+    }
+  }
+  // 16-bit in, fp32 out is not a form the backend uses: refused.
+  DevBuf<uint8_t> a(64), b(64);
+  EXPECT_EQ(cu::swiglu(a.get(), DType::kBF16, 8, 1, 4, b.get(), DType::kF32, 4, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // ---- causal conv1d
@@ -175,12 +270,15 @@ TEST_F(CudaOps, SwigluEqualsCpu) {
 TEST_F(CudaOps, CausalConvPrefillAndDecodeEqualCpu) {
   std::mt19937 rng(16);
   for (int K : {2, 4}) {
-    for (int64_t C : {1, 37, 300}) {
+    // C = 256 (with ld % 4 == 0) takes the 16-byte kernel that slides a window over runs of 32 tokens
+    // (K = 2 and 4); T = 100 ends inside a run.
+    for (int64_t C : {1, 37, 300, 256}) {
       const int S = K - 1;
       auto w = randn(rng, static_cast<size_t>(C * K), 0.5f);
       DevBuf<float> dw(w);
-      for (int64_t T : {1, 2, 5, 64}) {
-        const int64_t ld = C + 3;  // the conv input is a column range of the in_proj output
+      for (int64_t T : {1, 2, 5, 64, 100}) {
+        const int64_t ld =
+            C % 4 == 0 ? C + 4 : C + 3;  // the conv input is a column range of in_proj's output
         auto in = randn(rng, static_cast<size_t>(T * ld));
         auto state = randn(rng, static_cast<size_t>(C * S));
         std::vector<float> inp(static_cast<size_t>(T * C));

@@ -80,6 +80,29 @@ inline std::vector<uint8_t> to_bytes(const std::vector<float>& v, core::DType dt
   return out;
 }
 
+// The floats of host bytes in dtype (the inverse of to_bytes).
+inline std::vector<float> from_bytes(const std::vector<uint8_t>& b, core::DType dt) {
+  const size_t es = core::dtype_size(dt);
+  std::vector<float> out(b.size() / es);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dt == core::DType::kF32) {
+      std::memcpy(&out[i], b.data() + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, b.data() + 2 * i, 2);
+      out[i] = dt == core::DType::kBF16 ? core::bf16_to_f32(h) : core::f16_to_f32(h);
+    }
+  }
+  return out;
+}
+
+// v as dtype holds it (bf16 / f16 rounding; fp32 unchanged).
+inline float round_to(float v, core::DType dt) {
+  if (dt == core::DType::kBF16) return core::round_bf16(v);
+  if (dt == core::DType::kF16) return core::f16_to_f32(core::f32_to_f16(v));
+  return v;
+}
+
 // A host matrix in dtype with a model::Mat view (for the CPU reference) and a device copy.
 struct HostMat {
   std::vector<uint8_t> bytes;

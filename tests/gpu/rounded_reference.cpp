@@ -231,11 +231,26 @@ void RoundedReference::tensor_core_prefill_attention(std::vector<float> q, const
 }
 
 void RoundedReference::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
-                              bool never_round) const {
+                              bool never_round, bool round_gate_up) const {
   const int64_t I = m.gate_proj.rows;
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
   linear(x, T, m.gate_proj, g.data(), never_round);
   linear(x, T, m.up_proj, u.data(), never_round);
+  // cuda_backend.cpp mlp_16bit: over more than gemm_rows rows, with all three matmuls on cuBLASLt in one
+  // 16-bit type, [gate | up] comes out in that type.
+  const auto half = [](const model::Mat& W) {
+    return W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
+  };
+  if (round_gate_up && opt_.round_gemm_inputs && !never_round && T > opt_.gemm_rows && half(m.gate_proj) &&
+      m.gate_proj.dtype == m.up_proj.dtype && m.gate_proj.dtype == m.down_proj.dtype &&
+      m.gate_proj.cols % 8 == 0 && m.down_proj.cols % 8 == 0) {
+    const auto r = [&](float v) {
+      return m.gate_proj.dtype == core::DType::kBF16 ? core::round_bf16(v)
+                                                     : core::f16_to_f32(core::f32_to_f16(v));
+    };
+    for (auto& v : g) v = r(v);
+    for (auto& v : u) v = r(v);
+  }
   for (int64_t i = 0; i < T * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
   linear(g.data(), T, m.down_proj, out, never_round);
 }
@@ -245,7 +260,7 @@ void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) 
   const auto& L = w_.layers[layer];
   const int64_t H = c.hidden_size;
   if (!L.is_moe) {
-    swiglu(L.mlp, x, T, out);
+    swiglu(L.mlp, x, T, out, false, /*round_gate_up=*/true);
     return;
   }
   const int64_t E = c.num_experts, K = c.num_experts_per_tok;
@@ -281,7 +296,7 @@ void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) 
       for (int64_t d = 0; d < H; ++d) out[rows[i].first * H + d] += rows[i].second * ye[i * H + d];
   }
   std::vector<float> sh(static_cast<size_t>(T * H)), gl(static_cast<size_t>(T));
-  swiglu(L.moe.shared_expert, x, T, sh.data(), fp32_block);
+  swiglu(L.moe.shared_expert, x, T, sh.data(), fp32_block, /*round_gate_up=*/true);
   linear(x, T, L.moe.shared_expert_gate, gl.data(), /*never_round=*/true);
   for (int64_t t = 0; t < T; ++t) {
     const float gate = cpu::sigmoid(gl[t]);

@@ -5,6 +5,8 @@
 //   - a matmul over more than `gemm_rows` rows (cuBLASLt), or over more than `mma_rows` with K % 32 == 0 (the
 //     tensor-core GEMV), takes its input rounded to the weight's 16-bit type;
 //     the MoE router and shared-expert gate never do; routed experts count their own rows;
+//   - a dense or shared-expert MLP over more than `gemm_rows` rows, all on cuBLASLt in one 16-bit type, has
+//     its gate and up outputs rounded to that type too (they come out of cuBLASLt in it);
 //   - the KV cache holds bf16 (k after norm and RoPE, v as projected), and with it a prefill of more than one
 //     token at hd 64/128/256 takes the tensor-core attention's numerics (bf16 q and softmax weights, 64-key
 //     tiles of online softmax: backend/cuda/attention_prefill.cu).
@@ -50,8 +52,8 @@ class RoundedReference {
                                      const std::vector<float>& vc, int64_t T, int64_t p0,
                                      std::vector<float>& o) const;
   void ffn(size_t l, const float* x, int64_t T, float* out);
-  void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
-              bool never_round = false) const;
+  void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out, bool never_round = false,
+              bool round_gate_up = false) const;
 
   Options opt_;
   model::TextConfig c_;

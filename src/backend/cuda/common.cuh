@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.hpp"
 
@@ -122,6 +123,38 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
     tb += red[32 + i];
   }
   return make_float2(ta, tb);
+}
+
+// V consecutive values of a row: 16-byte (fp32) or 8-byte (16-bit) accesses when V == 4.
+template <int V, class T>
+__device__ __forceinline__ void load_vals(const T* p, float (&v)[V]) {
+  if constexpr (V == 4 && std::is_same_v<T, float>) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else if constexpr (V == 4) {
+    alignas(8) T h[4];
+    *reinterpret_cast<uint2*>(h) = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = to_f32(h[q]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < V; ++q) v[q] = to_f32(p[q]);
+  }
+}
+
+template <int V, class T>
+__device__ __forceinline__ void store_vals(T* p, const float (&v)[V]) {
+  if constexpr (V == 4 && std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (V == 4) {
+    alignas(8) T h[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) h[q] = from_f32<T>(v[q]);
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(h);
+  } else {
+#pragma unroll
+    for (int q = 0; q < V; ++q) p[q] = from_f32<T>(v[q]);
+  }
 }
 
 // The reference's scalar functions (backend/cpu/ops.hpp), with the accurate (not fast-math) intrinsics.

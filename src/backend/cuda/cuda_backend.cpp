@@ -33,6 +33,7 @@ namespace {
 constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
 constexpr int kBuckets[6] = {1, 2, 4, 8, 16, 32};
 constexpr size_t kGemmWorkspace = 32u << 20;
+constexpr int kGemmCandidates = 12;  // cuBLASLt algorithms timed per prefill matmul shape at load
 constexpr size_t kStagingBytes = 32u << 20;
 
 size_t align_up(size_t n, size_t a) {
@@ -558,7 +559,46 @@ core::Status CudaBackend::plan_memory() {
   return core::Status();
 }
 
+core::Status CudaBackend::tune_gemms() {
+  const int64_t T = max_rows_;
+  if (!gemm_.ready() || ws_.x16_elems == 0) return core::Status();
+  // Random input: a tensor-core GEMM on zeros draws less power and runs at clocks real data never sees
+  // (measured on the H200: 0.81 ms vs 1.03 ms for in_proj's shape), which would misorder the candidates.
+  // Every call on the buffers and strides the forward pass gives it, so the keys match.
+  xn_in_x16_ = false;
+  DF_CUDA_TRY(
+      fill_random(ws_.x16, core::DType::kBF16, static_cast<int64_t>(ws_.x16_elems), 7, 1.0f, 0.0f, stream_));
+  const auto tune = [&](const DMat& W, void* y, core::DType y_type) -> core::Status {
+    if (!W.data || !takes_gemm(T, W)) return core::Status();
+    return gemm_.tune(gemm_call(ws_.x16, T, W, y, y_type, W.rows), kGemmCandidates, stream_);
+  };
+  const auto tune_mlp = [&](const DMat& gu, const DMat& down, float* y) -> core::Status {
+    if (mlp_in_16bit(T, gu, down)) {
+      DF_TRY(tune(gu, ws_.proj, gu.dtype));
+    } else {
+      DF_TRY(tune(gu, ws_.proj, core::DType::kF32));
+    }
+    return tune(down, y, core::DType::kF32);
+  };
+  for (const DLayer& L : layers_) {
+    if (L.type == LayerType::kFullAttention) {
+      DF_TRY(tune(L.qkv, ws_.proj, core::DType::kF32));
+      DF_TRY(tune(L.o_proj, ws_.y, core::DType::kF32));
+    } else {
+      DF_TRY(tune(L.in_proj, ws_.proj, core::DType::kF32));
+      DF_TRY(tune(L.out_proj, ws_.y, core::DType::kF32));
+    }
+    if (L.is_moe) {
+      DF_TRY(tune_mlp(L.shared_gu, L.shared_down, ws_.y_shared));
+    } else {
+      DF_TRY(tune_mlp(L.gate_up, L.down, ws_.y));
+    }
+  }
+  return core::Status();
+}
+
 core::Status CudaBackend::warm_up() {
+  if (!opt_.exact) DF_TRY(tune_gemms());
   if (!opt_.cuda_graphs) return core::Status();
   for (int bi = 0; bi < 6; ++bi) {
     const int B = kBuckets[bi];
@@ -638,23 +678,59 @@ core::Status CudaBackend::set_length(SequenceState& s, int64_t length) {
 // ---------------------------------------------------------------------------------------------------------------
 // The forward pass
 
+cudaError_t CudaBackend::stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype) {
+  if (x == ws_.xn && ldx == K && xn_in_x16_ && xn16_rows_ == T && xn16_cols_ == K && xn16_type_ == dtype)
+    return cudaSuccess;
+  xn_in_x16_ = false;
+  return convert_rows(x, ldx, T, K, ws_.x16, dtype, stream_);
+}
+
+core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, const DMat* next) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  xn_in_x16_ = next && next->cols == H && takes_gemm(n, *next);
+  if (xn_in_x16_) {
+    xn16_rows_ = n;
+    xn16_cols_ = H;
+    xn16_type_ = next->dtype;
+    DF_CUDA_TRY(add_rmsnorm1p_16(ws_.h, y, n, H, w, eps, ws_.x16, next->dtype, stream_));
+  } else {
+    DF_CUDA_TRY(add_rmsnorm1p(ws_.h, y, n, H, w, eps, ws_.xn, stream_));
+  }
+  return core::Status();
+}
+
+bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
+  const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
+  return !opt_.exact && T > kGemvMaxRows && half && W.cols % 8 == 0 &&
+         static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
+}
+
+GemmCall CudaBackend::gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
+                                int64_t ldy) const {
+  return GemmCall{W.data, W.dtype, W.rows, W.cols, x16, T, y, y_type, ldy};
+}
+
 core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
                                  bool force_fp32, bool swiglu, const GemvConv& conv) {
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
-  const bool use_gemm = !force_fp32 && !opt_.exact && !swiglu && T > kGemvMaxRows && half &&
-                        W.cols % 8 == 0 && static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
-  if (conv.w && T > kGemvMaxRows)
-    return core::Error{"cuda backend: the conv epilogue is for one GEMV launch"};
-  if (use_gemm) {
-    DF_CUDA_TRY(convert_rows(x, ldx, T, W.cols, ws_.x16, W.dtype, stream_));
-    return gemm_.run(W.data, W.dtype, W.rows, W.cols, ws_.x16, T, y, ldy, stream_);
+  // The conv epilogue runs in the SIMT and scalar GEMV kernels only (gemv() refuses it on tensor cores).
+  if (conv.w && T > kGemvSimtRows)
+    return core::Error{"cuda backend: the conv epilogue is for one GEMV launch of up to " +
+                       std::to_string(kGemvSimtRows) + " rows"};
+  const bool gemm = !force_fp32 && !swiglu && takes_gemm(T, W);
+  if (x == ws_.xn && xn_in_x16_ && !gemm)
+    return core::Error{"cuda backend: internal: xn was normed into ws_.x16 for a matmul that reads fp32"};
+  if (gemm) {
+    DF_CUDA_TRY(stage_x16(x, ldx, T, W.cols, W.dtype));
+    return gemm_.run(gemm_call(ws_.x16, T, W, y, core::DType::kF32, ldy), stream_);
   }
   for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, T - t0));
     // Above kGemvSimtRows rows the tensor-core GEMV takes the activations in the weights' 16-bit type.
     const bool mma = !force_fp32 && !opt_.exact && half && rows > kGemvSimtRows && W.cols % 32 == 0 &&
                      static_cast<size_t>(rows * W.cols) <= ws_.x16_elems;
-    if (mma) DF_CUDA_TRY(convert_rows(x + t0 * ldx, ldx, rows, W.cols, ws_.x16, W.dtype, stream_));
+    if (mma) DF_CUDA_TRY(stage_x16(x + t0 * ldx, ldx, rows, W.cols, W.dtype));
     DF_CUDA_TRY(gemv(W.data, W.dtype, W.rows, W.cols, x + t0 * ldx, ldx, mma ? ws_.x16 : nullptr, rows,
                      GemvOut{y + t0 * ldy, ldy, swiglu, conv}, stream_));
   }
@@ -780,6 +856,25 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefil
   return linear(ws_.attn, nh * hd, n, L.o_proj, ws_.y, H);
 }
 
+bool CudaBackend::mlp_in_16bit(int64_t n, const DMat& gate_up, const DMat& down) const {
+  return takes_gemm(n, gate_up) && takes_gemm(n, down) && gate_up.dtype == down.dtype;
+}
+
+core::Status CudaBackend::mlp_16bit(int64_t n, const DMat& gate_up, const DMat& down, float* y,
+                                    const char* swiglu_mark, const char* down_mark) {
+  // [gate | up] comes out of cuBLASLt in the weights' 16-bit type (ws_.proj), SwiGLU reads it and writes
+  // down's input (ws_.x16): what transformers does with a bf16 checkpoint, fp32 arithmetic inside.
+  const int64_t H = config_.hidden_size, I = down.cols;
+  const core::DType dt = gate_up.dtype;
+  DF_CUDA_TRY(stage_x16(ws_.xn, H, n, H, dt));
+  DF_TRY(gemm_.run(gemm_call(ws_.x16, n, gate_up, ws_.proj, dt, 2 * I), stream_));
+  prof_.mark(swiglu_mark, stream_);
+  xn_in_x16_ = false;
+  DF_CUDA_TRY(swiglu(ws_.proj, dt, 2 * I, n, I, ws_.x16, dt, I, stream_));
+  prof_.mark(down_mark, stream_);
+  return gemm_.run(gemm_call(ws_.x16, n, down, y, core::DType::kF32, H), stream_);
+}
+
 core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
   if (L.is_moe) return moe(L, n);
   const int64_t H = config_.hidden_size, I = L.down.cols;
@@ -788,6 +883,8 @@ core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
   if (n <= kGemvMaxRows) {
     // Decode: the GEMV writes silu(gate) * up itself.
     DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.act, I, false, /*swiglu=*/true));
+  } else if (mlp_in_16bit(n, L.gate_up, L.down)) {
+    return mlp_16bit(n, L.gate_up, L.down, ws_.y, "ffn swiglu", "ffn down");
   } else {
     DF_TRY(linear(ws_.xn, H, n, L.gate_up, ws_.proj, 2 * I));
     prof_.mark("ffn swiglu", stream_);
@@ -803,38 +900,12 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const int64_t Im = L.experts_down.cols, Is = L.shared_down.cols, nk = n * K;
   const size_t es = core::dtype_size(L.experts_gu.dtype);
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
-  // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding.
+  // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding. The
+  // [router | shared gate] logits go through the split-K router kernel in tiles of kGemvMaxRows tokens (a
+  // decode step is one tile; the plain GEMV would give E + 1 = 257 rows two blocks' worth of warps and a
+  // 1-row shared gate one block: 28 ms a layer each at 8K), then the top-k routing; expert ids stay on the
+  // device.
   prof_.mark("moe router", stream_);
-  if (n <= kGemvMaxRows) {
-    // Decode, four launches (moe_decode.cuh): the [router | shared gate] logits, the routing, gate/up with
-    // SwiGLU of the K chosen experts and the shared expert, and one down projection that sums all of them,
-    // weighted, into y. Expert ids stay on the device: no host sync.
-    const int T = static_cast<int>(n), Ki = static_cast<int>(K);
-    if (L.router_gate.data) {
-      DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H, T,
-                                    ws_.router, E, ws_.shared_gate, 1, stream_));
-    } else {
-      DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
-      DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
-    }
-    DF_CUDA_TRY(
-        moe_route(ws_.router, E, n, static_cast<int>(E), Ki, renorm, ws_.moe_ids, ws_.moe_w, stream_));
-    prof_.mark("moe gate_up", stream_);
-    const MoeGateUpWeights egu{L.experts_gu.data, L.experts_gu.dtype, Im, 2 * Im * H};
-    const MoeGateUpWeights sgu{L.shared_gu.data, L.shared_gu.dtype, Is, 0};
-    DF_CUDA_TRY(
-        moe_gate_up_swiglu(egu, ws_.moe_ids, Ki, sgu, H, ws_.xn, H, T, ws_.act_s, Im, ws_.act, Is, stream_));
-    prof_.mark("moe down", stream_);
-    const MoeDownWeights edn{L.experts_down.data, L.experts_down.dtype, Im, H * Im};
-    const MoeDownWeights sdn{L.shared_down.data, L.shared_down.dtype, Is, 0};
-    DF_CUDA_TRY(moe_down_combine(edn, ws_.moe_ids, ws_.moe_w, Ki, sdn, ws_.shared_gate, H, ws_.act_s, Im,
-                                 ws_.act, Is, T, ws_.y, H, stream_));
-    return core::Status();
-  }
-  // Prefill: the fp32 router (and shared gate) logits in tiles of kGemvMaxRows tokens through the decode
-  // kernel, which splits K over a block and fills the GPU with a few hundred rows (the plain GEMV gives
-  // E + 1 = 257 rows two blocks' worth of warps, and a 1-row shared gate one block: 28 ms a layer each at
-  // 8K).
   if (L.router_gate.data) {
     for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, n - t0));
@@ -847,6 +918,22 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   }
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
+  if (n <= kGemvMaxRows) {
+    // Decode (moe_decode.cuh): gate/up with SwiGLU of the K chosen experts and the shared expert, then one
+    // down projection that sums all of them, weighted, into y. No host sync.
+    const int T = static_cast<int>(n), Ki = static_cast<int>(K);
+    prof_.mark("moe gate_up", stream_);
+    const MoeGateUpWeights egu{L.experts_gu.data, L.experts_gu.dtype, Im, 2 * Im * H};
+    const MoeGateUpWeights sgu{L.shared_gu.data, L.shared_gu.dtype, Is, 0};
+    DF_CUDA_TRY(
+        moe_gate_up_swiglu(egu, ws_.moe_ids, Ki, sgu, H, ws_.xn, H, T, ws_.act_s, Im, ws_.act, Is, stream_));
+    prof_.mark("moe down", stream_);
+    const MoeDownWeights edn{L.experts_down.data, L.experts_down.dtype, Im, H * Im};
+    const MoeDownWeights sdn{L.shared_down.data, L.shared_down.dtype, Is, 0};
+    DF_CUDA_TRY(moe_down_combine(edn, ws_.moe_ids, ws_.moe_w, Ki, sdn, ws_.shared_gate, H, ws_.act_s, Im,
+                                 ws_.act, Is, T, ws_.y, H, stream_));
+    return core::Status();
+  }
   prof_.mark("moe experts", stream_);
   // Prefill: sort the (token, k) slots by expert on the host, then one matmul per expert over its rows.
   const int64_t R = max_rows_, RK = R * K;
@@ -891,9 +978,13 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   prof_.mark("moe shared expert", stream_);
-  DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
-  DF_CUDA_TRY(swiglu(ws_.proj, 2 * Is, n, Is, ws_.act, Is, stream_));
-  DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
+  if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {
+    DF_TRY(mlp_16bit(n, L.shared_gu, L.shared_down, ws_.y_shared, "moe shared expert", "moe shared expert"));
+  } else {
+    DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
+    DF_CUDA_TRY(swiglu(ws_.proj, 2 * Is, n, Is, ws_.act, Is, stream_));
+    DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
+  }
   prof_.mark("moe combine", stream_);
   DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_shared, ws_.shared_gate,
                           ws_.y, stream_));
@@ -901,29 +992,28 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
 }
 
 core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
-  const auto& c = config_;
-  const int64_t H = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   prof_.mark("embedding", stream_);
   DF_TRY(embed(n));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DLayer& L = layers_[l];
-    // h += ffn output of the previous layer; xn = RMSNorm1p(h)
+    // h += ffn output of the previous layer; xn = RMSNorm1p(h), for the one matmul that reads it
     prof_.mark("add+rmsnorm", stream_);
-    DF_CUDA_TRY(add_rmsnorm1p(ws_.h, l == 0 ? nullptr : ws_.y, n, H, L.input_norm, eps, ws_.xn, stream_));
-    if (L.type == LayerType::kFullAttention) {
+    const bool attn = L.type == LayerType::kFullAttention;
+    DF_TRY(add_norm(l == 0 ? nullptr : ws_.y, n, L.input_norm, attn ? &L.qkv : &L.in_proj));
+    if (attn) {
       DF_TRY(full_attention(L, n, prefill));
     } else {
       DF_TRY(gated_deltanet(L, n, prefill, slot));
     }
     DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
     prof_.mark("add+rmsnorm", stream_);
-    DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, L.post_norm, eps, ws_.xn, stream_));
+    // The MoE block reads xn in fp32 (router, expert rows); a dense FFN only through gate_up.
+    DF_TRY(add_norm(ws_.y, n, L.post_norm, L.is_moe ? nullptr : &L.gate_up));
     DF_TRY(ffn(L, n));
     DF_TRY(reduce_partial(ws_.y, n));  // after down_proj / the MoE combine
   }
   prof_.mark("add+rmsnorm", stream_);
-  DF_CUDA_TRY(add_rmsnorm1p(ws_.h, ws_.y, n, H, final_norm_, eps, ws_.xn, stream_));
+  DF_TRY(add_norm(ws_.y, n, final_norm_, nullptr));  // lm_head reads rows of xn
   prof_.mark("other", stream_);
   return core::Status();
 }

@@ -142,6 +142,8 @@ class CudaBackend final : public Backend {
 
   // Benchmarks only: GPU time by op (bench --profile). Decode is profiled only with cuda_graphs off.
   OpProfile& profile() { return prof_; }
+  // What the load-time GEMM tuning chose, shape by shape.
+  const std::vector<GemmTuning>& gemm_tunings() const { return gemm_.tunings(); }
 
  private:
   CudaBackend() = default;
@@ -159,9 +161,28 @@ class CudaBackend final : public Backend {
   core::Status moe(const DLayer& L, int64_t n);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
   // swiglu: W is [gate | up] and y receives silu(gate) * up ([T, W.rows / 2]); decode row counts only.
-  // conv (T <= kGemvMaxRows only): the conv1d decode step as the GEMV's epilogue.
+  // conv (T <= kGemvSimtRows only): the conv1d decode step as the GEMV's epilogue.
   core::Status linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
                       bool force_fp32 = false, bool swiglu = false, const GemvConv& conv = {});
+  // h += y (none: null), then the (1 + w) RMSNorm of h's n rows into ws_.xn; or, when `next` (the one matmul
+  // that reads them) runs on cuBLASLt, straight into ws_.x16 in its type, which stage_x16 then finds there.
+  core::Status add_norm(const float* y, int64_t n, const float* w, const DMat* next);
+  // ws_.x16 = x [T, K] rounded to dtype, unless add_norm left exactly that there.
+  cudaError_t stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype);
+  // Whether linear() over T rows of W runs cuBLASLt, on its input rounded to W's 16-bit type in ws_.x16.
+  bool takes_gemm(int64_t T, const DMat& W) const;
+  // The cuBLASLt call of linear() with its input already in W's type (x16: [T, W.cols] packed); y [T, ldy]
+  // in fp32 or in W's type.
+  GemmCall gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
+                     int64_t ldy) const;
+  // down(silu(gate(x)) * up(x)) of ws_.xn's n rows into y [n, H] through cuBLASLt in the weights' 16-bit type
+  // end to end, when mlp_in_16bit (prefill); the marks (string literals) name its last two ops in the
+  // profile.
+  bool mlp_in_16bit(int64_t n, const DMat& gate_up, const DMat& down) const;
+  core::Status mlp_16bit(int64_t n, const DMat& gate_up, const DMat& down, float* y, const char* swiglu_mark,
+                         const char* down_mark);
+  // At load: times cuBLASLt's candidates for every dense matmul at a whole prefill chunk (Gemm::tune).
+  core::Status tune_gemms();
   // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
   core::Status lm_head(int64_t r0, int64_t rows);
   core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);
@@ -209,6 +230,11 @@ class CudaBackend final : public Backend {
     size_t gdn_chunk_bytes = 0;
   } ws_;
   void* ws_mem_ = nullptr;
+  // ws_.x16 holds xn's [xn16_rows_, xn16_cols_] in xn16_type_ (add_norm wrote it, not ws_.xn); every other
+  // write to ws_.x16 clears it.
+  bool xn_in_x16_ = false;
+  int64_t xn16_rows_ = 0, xn16_cols_ = 0;
+  core::DType xn16_type_ = core::DType::kBF16;
   int64_t max_rows_ = 0;  // tokens one forward takes (prefill chunk, or a decode bucket)
   int max_splits_ = 1;
 

@@ -10,22 +10,64 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void kernel_swiglu(const float* __restrict__ gu, int64_t ld_gu, int64_t T, int64_t I,
-                              float* __restrict__ out, int64_t ld_out) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= T * I) return;
-  const int64_t t = idx / I, i = idx % I;
-  out[t * ld_out + i] = silu_f(gu[t * ld_gu + i]) * gu[t * ld_gu + I + i];
+// Thread per V columns of a row; rows along y (a grid-stride loop past 65535 rows).
+template <class TI, class TO, int V>
+__global__ void __launch_bounds__(kThreads) kernel_swiglu(const TI* __restrict__ gu, int64_t ld_gu, int64_t T,
+                                                          int64_t I, TO* __restrict__ out, int64_t ld_out) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
+  if (i >= I) return;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+    float g[V], u[V], o[V];
+    load_vals<V>(gu + t * ld_gu + i, g);
+    load_vals<V>(gu + t * ld_gu + I + i, u);
+#pragma unroll
+    for (int q = 0; q < V; ++q) o[q] = silu_f(g[q]) * u[q];
+    store_vals<V>(out + t * ld_out + i, o);
+  }
+}
+
+template <class TI, class TO>
+cudaError_t swiglu_typed(const void* gu, int64_t ld_gu, int64_t T, int64_t I, void* out, int64_t ld_out,
+                         cudaStream_t stream) {
+  const auto* g = static_cast<const TI*>(gu);
+  auto* o = static_cast<TO*>(out);
+  const auto aligned = [](const void* p, size_t elem) {
+    return reinterpret_cast<uintptr_t>(p) % (4 * elem) == 0;
+  };
+  const bool vec =
+      I % 4 == 0 && ld_gu % 4 == 0 && ld_out % 4 == 0 && aligned(gu, sizeof(TI)) && aligned(out, sizeof(TO));
+  const int V = vec ? 4 : 1;
+  const dim3 grid(grid_1d((I + V - 1) / V, kThreads), static_cast<unsigned>(std::min<int64_t>(T, 65535)));
+  if (vec)
+    kernel_swiglu<TI, TO, 4><<<grid, kThreads, 0, stream>>>(g, ld_gu, T, I, o, ld_out);
+  else
+    kernel_swiglu<TI, TO, 1><<<grid, kThreads, 0, stream>>>(g, ld_gu, T, I, o, ld_out);
+  return cudaGetLastError();
+}
+
+// Thread per V columns of a row, rows along y (a grid-stride loop past 65535 rows): no index division.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    kernel_convert(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K, T* __restrict__ out) {
+  pdl_enter();
+  const int64_t k = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
+  if (k >= K) return;
+  for (int64_t t = blockIdx.y; t < rows; t += gridDim.y) {
+    float v[V];
+    load_vals<V>(x + t * ldx + k, v);
+    store_vals<V>(out + t * K + k, v);
+  }
 }
 
 template <class T>
-__global__ void kernel_convert(const float* __restrict__ x, int64_t ldx, int64_t rows, int64_t K,
-                               T* __restrict__ out) {
-  pdl_enter();
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= rows * K) return;
-  const int64_t t = idx / K, k = idx % K;
-  out[idx] = from_f32<T>(x[t * ldx + k]);
+cudaError_t convert_typed(const float* x, int64_t ldx, int64_t T_, int64_t K, void* out,
+                          cudaStream_t stream) {
+  const bool vec = K % 4 == 0 && ldx % 4 == 0 && aligned16(x) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int V = vec ? 4 : 1;
+  const dim3 grid(grid_1d((K + V - 1) / V, kThreads), static_cast<unsigned>(std::min<int64_t>(T_, 65535)));
+  if (vec)
+    return launch(kernel_convert<T, 4>, grid, dim3(kThreads), 0, stream, x, ldx, T_, K, static_cast<T*>(out));
+  return launch(kernel_convert<T, 1>, grid, dim3(kThreads), 0, stream, x, ldx, T_, K, static_cast<T*>(out));
 }
 
 __global__ void kernel_gather(const float* __restrict__ src, int64_t ld_src, const int* __restrict__ rows,
@@ -133,23 +175,28 @@ __global__ void kernel_fill(T* __restrict__ p, int64_t n, uint64_t seed, float s
 
 }  // namespace
 
-cudaError_t swiglu(const float* gu, int64_t ld_gu, int64_t T, int64_t I, float* out, int64_t ld_out,
-                   cudaStream_t stream) {
+cudaError_t swiglu(const void* gu, core::DType gu_type, int64_t ld_gu, int64_t T, int64_t I, void* out,
+                   core::DType out_type, int64_t ld_out, cudaStream_t stream) {
+  using core::DType;
   if (T * I == 0) return cudaSuccess;
-  kernel_swiglu<<<grid_1d(T * I, kThreads), kThreads, 0, stream>>>(gu, ld_gu, T, I, out, ld_out);
-  return cudaGetLastError();
+  if (gu_type == DType::kF32) {
+    if (out_type == DType::kF32) return swiglu_typed<float, float>(gu, ld_gu, T, I, out, ld_out, stream);
+    if (out_type == DType::kBF16)
+      return swiglu_typed<float, __nv_bfloat16>(gu, ld_gu, T, I, out, ld_out, stream);
+    if (out_type == DType::kF16) return swiglu_typed<float, __half>(gu, ld_gu, T, I, out, ld_out, stream);
+  } else if (gu_type == out_type) {
+    if (gu_type == DType::kBF16)
+      return swiglu_typed<__nv_bfloat16, __nv_bfloat16>(gu, ld_gu, T, I, out, ld_out, stream);
+    if (gu_type == DType::kF16) return swiglu_typed<__half, __half>(gu, ld_gu, T, I, out, ld_out, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t convert_rows(const float* x, int64_t ldx, int64_t T, int64_t K, void* out, core::DType dtype,
                          cudaStream_t stream) {
   if (T * K == 0) return cudaSuccess;
-  const unsigned g = grid_1d(T * K, kThreads);
-  if (dtype == core::DType::kBF16)
-    return launch(kernel_convert<__nv_bfloat16>, dim3(g), dim3(kThreads), 0, stream, x, ldx, T, K,
-                  static_cast<__nv_bfloat16*>(out));
-  if (dtype == core::DType::kF16)
-    return launch(kernel_convert<__half>, dim3(g), dim3(kThreads), 0, stream, x, ldx, T, K,
-                  static_cast<__half*>(out));
+  if (dtype == core::DType::kBF16) return convert_typed<__nv_bfloat16>(x, ldx, T, K, out, stream);
+  if (dtype == core::DType::kF16) return convert_typed<__half>(x, ldx, T, K, out, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -11,9 +11,14 @@
 namespace deltaflow::backend::cuda {
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]   (F.silu(gate_proj(x)) * up_proj(x), the two halves of one
-// matmul)
-cudaError_t swiglu(const float* gu, int64_t ld_gu, int64_t T, int64_t I, float* out, int64_t ld_out,
-                   cudaStream_t stream);
+// matmul). gu is fp32, BF16 or F16 and out fp32 or 16-bit (from fp32 gu, or the same type as gu); the
+// arithmetic is fp32 and a 16-bit out is rounded to nearest even, as convert_rows would.
+cudaError_t swiglu(const void* gu, core::DType gu_type, int64_t ld_gu, int64_t T, int64_t I, void* out,
+                   core::DType out_type, int64_t ld_out, cudaStream_t stream);
+inline cudaError_t swiglu(const float* gu, int64_t ld_gu, int64_t T, int64_t I, float* out, int64_t ld_out,
+                          cudaStream_t stream) {
+  return swiglu(gu, core::DType::kF32, ld_gu, T, I, out, core::DType::kF32, ld_out, stream);
+}
 
 // out[t, k] = x[t, k] rounded to BF16 or F16 (round to nearest even); out is packed [T, K].
 cudaError_t convert_rows(const float* x, int64_t ldx, int64_t T, int64_t K, void* out, core::DType dtype,

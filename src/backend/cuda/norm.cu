@@ -8,9 +8,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // One block per row. The sum of squares is a block reduction; each thread rereads only what it wrote.
+template <class TO>
 __global__ void __launch_bounds__(kThreads)
     kernel_add_rmsnorm1p(float* __restrict__ h, const float* __restrict__ y, int64_t n,
-                         const float* __restrict__ w, float eps, float* __restrict__ xn) {
+                         const float* __restrict__ w, float eps, TO* __restrict__ xn) {
   __shared__ float red[32];
   pdl_enter();
   const int64_t t = blockIdx.x;
@@ -26,8 +27,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  float* xr = xn + t * n;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) xr[i] = hr[i] * inv * (1.0f + w[i]);
+  TO* xr = xn + t * n;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) xr[i] = from_f32<TO>(hr[i] * inv * (1.0f + w[i]));
 }
 
 // The same, for rows that are a whole number of 16-byte vectors: 512 threads, each holding up to NV float4 of
@@ -36,10 +37,10 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kVecThreads = 512;
 constexpr int kMaxVecPerThread = 4;
 
-template <int NV>
+template <int NV, class TO>
 __global__ void __launch_bounds__(kVecThreads)
     kernel_add_rmsnorm1p_vec(float* __restrict__ h, const float* __restrict__ y, int64_t n,
-                             const float* __restrict__ w, float eps, float* __restrict__ xn) {
+                             const float* __restrict__ w, float eps, TO* __restrict__ xn) {
   __shared__ float red[32];
   pdl_enter();
   const int64_t t = blockIdx.x, nv = n / 4;
@@ -71,23 +72,22 @@ __global__ void __launch_bounds__(kVecThreads)
   ss = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   const float4* wr = reinterpret_cast<const float4*>(w);
-  float4* xr = reinterpret_cast<float4*>(xn + t * n);
+  TO* xr = xn + t * n;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kVecThreads;
     if (i < nv) {
       const float4 g = wr[i];
-      xr[i] = make_float4(v[j].x * inv * (1.0f + g.x), v[j].y * inv * (1.0f + g.y),
-                          v[j].z * inv * (1.0f + g.z), v[j].w * inv * (1.0f + g.w));
+      const float o[4] = {v[j].x * inv * (1.0f + g.x), v[j].y * inv * (1.0f + g.y),
+                          v[j].z * inv * (1.0f + g.z), v[j].w * inv * (1.0f + g.w)};
+      store_vals<4>(xr + 4 * i, o);
     }
   }
 }
 
-}  // namespace
-
-cudaError_t add_rmsnorm1p(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
-                          float* xn, cudaStream_t stream) {
-  if (T == 0) return cudaSuccess;
+template <class TO>
+cudaError_t add_rmsnorm1p_typed(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
+                                TO* xn, cudaStream_t stream) {
   const int64_t per_thread = (n / 4 + kVecThreads - 1) / kVecThreads;
   if (n % 4 == 0 && per_thread <= kMaxVecPerThread && aligned16(h) && aligned16(y) && aligned16(w) &&
       aligned16(xn)) {
@@ -95,17 +95,35 @@ cudaError_t add_rmsnorm1p(float* h, const float* y, int64_t T, int64_t n, const 
     switch (per_thread) {
       case 0:
       case 1:
-        return launch(kernel_add_rmsnorm1p_vec<1>, grid, block, 0, stream, h, y, n, w, eps, xn);
+        return launch(kernel_add_rmsnorm1p_vec<1, TO>, grid, block, 0, stream, h, y, n, w, eps, xn);
       case 2:
-        return launch(kernel_add_rmsnorm1p_vec<2>, grid, block, 0, stream, h, y, n, w, eps, xn);
+        return launch(kernel_add_rmsnorm1p_vec<2, TO>, grid, block, 0, stream, h, y, n, w, eps, xn);
       case 3:
-        return launch(kernel_add_rmsnorm1p_vec<3>, grid, block, 0, stream, h, y, n, w, eps, xn);
+        return launch(kernel_add_rmsnorm1p_vec<3, TO>, grid, block, 0, stream, h, y, n, w, eps, xn);
       default:
-        return launch(kernel_add_rmsnorm1p_vec<4>, grid, block, 0, stream, h, y, n, w, eps, xn);
+        return launch(kernel_add_rmsnorm1p_vec<4, TO>, grid, block, 0, stream, h, y, n, w, eps, xn);
     }
   }
-  return launch(kernel_add_rmsnorm1p, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, stream, h, y, n, w,
-                eps, xn);
+  return launch(kernel_add_rmsnorm1p<TO>, dim3(static_cast<unsigned>(T)), dim3(kThreads), 0, stream, h, y, n,
+                w, eps, xn);
+}
+
+}  // namespace
+
+cudaError_t add_rmsnorm1p(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
+                          float* xn, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  return add_rmsnorm1p_typed(h, y, T, n, w, eps, xn, stream);
+}
+
+cudaError_t add_rmsnorm1p_16(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
+                             void* xn16, core::DType dtype, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  if (dtype == core::DType::kBF16)
+    return add_rmsnorm1p_typed(h, y, T, n, w, eps, static_cast<__nv_bfloat16*>(xn16), stream);
+  if (dtype == core::DType::kF16)
+    return add_rmsnorm1p_typed(h, y, T, n, w, eps, static_cast<__half*>(xn16), stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace deltaflow::backend::cuda

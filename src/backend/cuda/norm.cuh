@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.hpp"
+
 namespace deltaflow::backend::cuda {
 
 // Per row t of n: h += y (skipped when y is null), then
@@ -12,5 +14,9 @@ namespace deltaflow::backend::cuda {
 // h, y, xn: [T, n] fp32, packed; w: [n] fp32. xn may not alias h.
 cudaError_t add_rmsnorm1p(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
                           float* xn, cudaStream_t stream);
+// The same with xn in BF16 or F16 (the fp32 value rounded to nearest even, as convert_rows would round it):
+// a prefill matmul's input, written once.
+cudaError_t add_rmsnorm1p_16(float* h, const float* y, int64_t T, int64_t n, const float* w, float eps,
+                             void* xn16, core::DType dtype, cudaStream_t stream);
 
 }  // namespace deltaflow::backend::cuda
