@@ -224,6 +224,37 @@ TEST_F(CudaGdnChunked, EqualsTokenScanAndCpuOverTwoCalls) {
               worst[1], worst[2], worst[3]);
 }
 
+// out16 (the next matmul's input, as the backend uses it): the same gated-normed values rounded once, bit for
+// bit, and the same final state; the token scan refuses it.
+TEST_F(CudaGdnChunked, SixteenBitOutputIsTheFp32OutputRounded) {
+  std::mt19937 rng(29);
+  const Shape s{1, 3, 128, 128};
+  const HeadParams hp(rng, s);
+  const int64_t Ssize = int64_t{s.nv} * s.dk * s.dv, T = 200, vd = int64_t{s.nv} * s.dv;
+  const auto pool_h = randn(rng, static_cast<size_t>(2 * Ssize), 0.3f);
+  const CallInputs in(rng, s, T);
+  DeviceLayer plain(s, hp, pool_h);
+  const auto y = run_gpu(plain, in, true);
+  for (core::DType dt : {core::DType::kBF16, core::DType::kF16}) {
+    DeviceLayer L(s, hp, pool_h);
+    DevBuf<float> conv(in.conv), proj(in.proj), out(static_cast<size_t>(T * vd));
+    DevBuf<uint8_t> out16(static_cast<size_t>(T * vd) * 2);
+    cu::GdnArgs a = L.args(conv, proj, in, out);
+    a.out16 = out16.get();
+    a.out16_type = dt;
+    const size_t bytes = cu::gdn_chunked_workspace_bytes(1, static_cast<int>(T), s.nv, s.dk, s.dv);
+    DevBuf<uint8_t> ws(bytes);
+    ASSERT_EQ(cu::gated_deltanet_chunked(a, ws.get(), bytes, nullptr), cudaSuccess);
+    std::vector<float> want(y.size());
+    for (size_t i = 0; i < y.size(); ++i) want[i] = gpu_test::round_to(y[i], dt);
+    EXPECT_EQ(gpu_test::from_bytes(out16.download(), dt), want) << core::dtype_name(dt);
+    EXPECT_EQ(L.pool.download(), plain.pool.download()) << "state, " << core::dtype_name(dt);
+    EXPECT_EQ(cu::gated_deltanet(a, nullptr), cudaErrorInvalidValue);
+    a.out16_type = core::DType::kF32;
+    EXPECT_EQ(cu::gated_deltanet_chunked(a, ws.get(), bytes, nullptr), cudaErrorInvalidValue);
+  }
+}
+
 TEST_F(CudaGdnChunked, RejectsUnsupportedShapesAndSmallWorkspace) {
   cu::GdnArgs a;
   a.nk = 1;

@@ -270,7 +270,7 @@ TEST_F(CudaOps, SwigluEqualsCpu) {
 TEST_F(CudaOps, CausalConvPrefillAndDecodeEqualCpu) {
   std::mt19937 rng(16);
   for (int K : {2, 4}) {
-    // C = 256 (with ld % 4 == 0) takes the 16-byte kernel that slides a window over runs of 32 tokens
+    // C = 256 (with ld % 4 == 0) takes the 16-byte kernel that slides a window over runs of 16 tokens
     // (K = 2 and 4); T = 100 ends inside a run.
     for (int64_t C : {1, 37, 300, 256}) {
       const int S = K - 1;

@@ -27,10 +27,10 @@ __global__ void kernel_conv1d_prefill_out(const float* __restrict__ in, int64_t 
 }
 
 // The same for channels in 16-byte groups (C, ld_in, ld_out multiples of 4, aligned rows): a thread owns 4
-// channels over a run of kConvRun tokens and slides the window down it in registers, so each input is read
-// about once (the one-thread-per-output form reads it K times and divides 64-bit indices). Same order of
+// channels over a run of kConvRun (16) tokens and slides the window down it in registers, so each input is
+// read about once (the one-thread-per-output form reads it K times and divides 64-bit indices). Same order of
 // summation (j = 0 .. K-1) as the kernel above and conv1d_step.
-constexpr int kConvRun = 32;
+constexpr int kConvRun = 16;
 
 template <int K>
 __global__ void __launch_bounds__(kThreads)

@@ -167,7 +167,7 @@ class CudaBackend final : public Backend {
   // h += y (none: null), then the (1 + w) RMSNorm of h's n rows into ws_.xn; or, when `next` (the one matmul
   // that reads them) runs on cuBLASLt, straight into ws_.x16 in its type, which stage_x16 then finds there.
   core::Status add_norm(const float* y, int64_t n, const float* w, const DMat* next);
-  // ws_.x16 = x [T, K] rounded to dtype, unless add_norm left exactly that there.
+  // ws_.x16 = x [T, K] rounded to dtype, unless x16_holds_ says it is there already.
   cudaError_t stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype);
   // Whether linear() over T rows of W runs cuBLASLt, on its input rounded to W's 16-bit type in ws_.x16.
   bool takes_gemm(int64_t T, const DMat& W) const;
@@ -230,11 +230,13 @@ class CudaBackend final : public Backend {
     size_t gdn_chunk_bytes = 0;
   } ws_;
   void* ws_mem_ = nullptr;
-  // ws_.x16 holds xn's [xn16_rows_, xn16_cols_] in xn16_type_ (add_norm wrote it, not ws_.xn); every other
-  // write to ws_.x16 clears it.
-  bool xn_in_x16_ = false;
-  int64_t xn16_rows_ = 0, xn16_cols_ = 0;
-  core::DType xn16_type_ = core::DType::kBF16;
+  // What ws_.x16 holds in place of an fp32 buffer its producer did not write: add_norm's xn, or the chunked
+  // Gated DeltaNet's output (ws_.gdn), as [rows, cols] in `type`. Every other write to ws_.x16 clears it.
+  struct X16Holds {
+    const float* src = nullptr;
+    int64_t rows = 0, cols = 0;
+    core::DType type = core::DType::kBF16;
+  } x16_holds_;
   int64_t max_rows_ = 0;  // tokens one forward takes (prefill chunk, or a decode bucket)
   int max_splits_ = 1;
 

@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kMaxThreads) kernel_gated_deltanet(GdnArgs a) 
 
 cudaError_t gated_deltanet(const GdnArgs& a, cudaStream_t stream) {
   if (a.n_seqs == 0 || a.tokens_per_seq == 0) return cudaSuccess;
-  if (a.nk <= 0 || a.nv % a.nk != 0 || a.dv <= 0 || a.n_seqs > 65535) return cudaErrorInvalidValue;
+  if (a.nk <= 0 || a.nv % a.nk != 0 || a.dv <= 0 || a.n_seqs > 65535 || a.out16 != nullptr)
+    return cudaErrorInvalidValue;
   const int split = a.dk > 64 ? 2 : 1;  // kSplit<dk>
   const int threads = (std::max(a.dv * split, a.dk) + 31) / 32 * 32;
   if (threads > kMaxThreads) return cudaErrorInvalidValue;

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.hpp"
+
 namespace deltaflow::backend::cuda {
 
 struct GdnArgs {
@@ -32,9 +34,13 @@ struct GdnArgs {
   const int* slots = nullptr;
   float* out = nullptr;  // [tokens, ld_out]: nv*dv gated-normed outputs
   int64_t ld_out = 0;
+  // gated_deltanet_chunked only: when set, the gated-normed outputs go here instead, packed [tokens, nv*dv]
+  // in out16_type (BF16 or F16; the next matmul's input), and out is left holding them before the norm.
+  void* out16 = nullptr;
+  core::DType out16_type = core::DType::kBF16;
 };
 
-// dk in {16, 32, 64, 128}; dv <= 256 (dv <= 128 when dk = 128); nv a multiple of nk.
+// dk in {16, 32, 64, 128}; dv <= 256 (dv <= 128 when dk = 128); nv a multiple of nk; out16 unset.
 cudaError_t gated_deltanet(const GdnArgs& args, cudaStream_t stream);
 
 }  // namespace deltaflow::backend::cuda

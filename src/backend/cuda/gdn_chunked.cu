@@ -152,42 +152,53 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_prepare(GdnArgs a, ChunkB
   const int64_t kd = static_cast<int64_t>(a.nk) * DK;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(DK));
   const float G_last = Gs[kL - 1];
-  for (int i = warp; i < kL; i += kThreads / 32) {
-    float q[PK], k[PK], v[PV];
-    const bool live = i < len;
-    const float* row = a.conv + (t0 + i) * a.ld_conv;
+  // A warp takes kRowsInFlight of its rows at a time, all their loads issued before the first use: one row
+  // at a time left the block waiting on a global load per row (at two blocks per SM, nothing else to run).
+  constexpr int kRowsInFlight = 4, kWarps = kThreads / 32;
+  for (int i0 = warp; i0 < kL; i0 += kWarps * kRowsInFlight) {
+    float q[kRowsInFlight][PK], k[kRowsInFlight][PK], v[kRowsInFlight][PV];
 #pragma unroll
-    for (int p = 0; p < PK; ++p) {
-      q[p] = live ? row[kh * DK + lane + 32 * p] : 0.0f;
-      k[p] = live ? row[kd + kh * DK + lane + 32 * p] : 0.0f;
+    for (int r = 0; r < kRowsInFlight; ++r) {
+      const int i = i0 + r * kWarps;
+      const bool live = i < len;
+      const float* row = a.conv + (t0 + (live ? i : 0)) * a.ld_conv;
+#pragma unroll
+      for (int p = 0; p < PK; ++p) {
+        q[r][p] = live ? row[kh * DK + lane + 32 * p] : 0.0f;
+        k[r][p] = live ? row[kd + kh * DK + lane + 32 * p] : 0.0f;
+      }
+#pragma unroll
+      for (int p = 0; p < PV; ++p)
+        v[r][p] = live ? row[2 * kd + static_cast<int64_t>(j) * DV + lane + 32 * p] : 0.0f;
     }
 #pragma unroll
-    for (int p = 0; p < PV; ++p)
-      v[p] = live ? row[2 * kd + static_cast<int64_t>(j) * DV + lane + 32 * p] : 0.0f;
-    float sq = 0.0f, sk = 0.0f;
+    for (int r = 0; r < kRowsInFlight; ++r) {
+      const int i = i0 + r * kWarps;
+      float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-    for (int p = 0; p < PK; ++p) {
-      sq = fmaf(q[p], q[p], sq);
-      sk = fmaf(k[p], k[p], sk);
+      for (int p = 0; p < PK; ++p) {
+        sq = fmaf(q[r][p], q[r][p], sq);
+        sk = fmaf(k[r][p], k[r][p], sk);
+      }
+      sq = warp_sum(sq);
+      sk = warp_sum(sk);
+      const float rq = (1.0f / sqrtf(sq + 1e-6f)) * q_scale, rk = 1.0f / sqrtf(sk + 1e-6f);
+      const float G = Gs[i], beta = Bs[i], eG = expf(G), eGL = expf(G_last - G);
+      bf16* Qg = cb.Qg + (rec * kL + i) * DK;
+      bf16* Kd = cb.Kd + (rec * kL + i) * DK;
+#pragma unroll
+      for (int p = 0; p < PK; ++p) {
+        const int d = lane + 32 * p;
+        const float qn = q[r][p] * rq, kn = k[r][p] * rk;
+        Qb[i * LDK + d] = __float2bfloat16_rn(qn);
+        Kb[i * LDK + d] = __float2bfloat16_rn(kn);
+        KBb[i * LDK + d] = __float2bfloat16_rn(beta * eG * kn);
+        Qg[d] = __float2bfloat16_rn(eG * qn);
+        Kd[d] = __float2bfloat16_rn(eGL * kn);
+      }
+#pragma unroll
+      for (int p = 0; p < PV; ++p) Vb[i * LDV + lane + 32 * p] = __float2bfloat16_rn(beta * v[r][p]);
     }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    const float rq = (1.0f / sqrtf(sq + 1e-6f)) * q_scale, rk = 1.0f / sqrtf(sk + 1e-6f);
-    const float G = Gs[i], beta = Bs[i], eG = expf(G), eGL = expf(G_last - G);
-    bf16* Qg = cb.Qg + (rec * kL + i) * DK;
-    bf16* Kd = cb.Kd + (rec * kL + i) * DK;
-#pragma unroll
-    for (int p = 0; p < PK; ++p) {
-      const int d = lane + 32 * p;
-      const float qn = q[p] * rq, kn = k[p] * rk;
-      Qb[i * LDK + d] = __float2bfloat16_rn(qn);
-      Kb[i * LDK + d] = __float2bfloat16_rn(kn);
-      KBb[i * LDK + d] = __float2bfloat16_rn(beta * eG * kn);
-      Qg[d] = __float2bfloat16_rn(eG * qn);
-      Kd[d] = __float2bfloat16_rn(eGL * kn);
-    }
-#pragma unroll
-    for (int p = 0; p < PV; ++p) Vb[i * LDV + lane + 32 * p] = __float2bfloat16_rn(beta * v[p]);
   }
   if (tid == 0) cb.decay[rec] = expf(G_last);
   __syncthreads();
@@ -445,9 +456,9 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
       }
 }
 
-// y = w * (o * rsqrt(mean(o^2) + eps)) * silu(z) over each (token, head) row of dv, in place on out; one warp
-// per row.
-template <int DV>
+// y = w * (o * rsqrt(mean(o^2) + eps)) * silu(z) over each (token, head) row of dv, in place on out, or into
+// out16 (packed [tokens, nv*dv], rounded to TO) when it is set; one warp per row.
+template <int DV, class TO>
 __global__ void __launch_bounds__(256) kernel_gdn_gated_norm(GdnArgs a, int64_t rows) {
   constexpr int PV = DV / 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
@@ -465,10 +476,13 @@ __global__ void __launch_bounds__(256) kernel_gdn_gated_norm(GdnArgs a, int64_t 
   }
   ss = warp_sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(DV) + a.eps);
+  TO* y = std::is_same_v<TO, float> ? reinterpret_cast<TO*>(o)
+                                    : static_cast<TO*>(a.out16) + t * static_cast<int64_t>(a.nv) * DV +
+                                          static_cast<int64_t>(j) * DV;
 #pragma unroll
   for (int p = 0; p < PV; ++p) {
     const int e = lane + 32 * p;
-    o[e] = a.norm_w[e] * (v[p] * inv) * silu_f(z[e]);
+    y[e] = from_f32<TO>(a.norm_w[e] * (v[p] * inv) * silu_f(z[e]));
   }
 }
 
@@ -492,7 +506,12 @@ cudaError_t launch(const GdnArgs& a, const ChunkBufs& cb, int n_chunks, cudaStre
   kernel_gdn_chunk_scan<DK><<<scan_grid, kThreads, ScanSmem<DK>::kBytes, stream>>>(a, cb, n_chunks);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int64_t rows = static_cast<int64_t>(a.n_seqs) * a.tokens_per_seq * a.nv;
-  kernel_gdn_gated_norm<DV><<<grid_1d(rows, 8), 256, 0, stream>>>(a, rows);
+  if (a.out16 == nullptr)
+    kernel_gdn_gated_norm<DV, float><<<grid_1d(rows, 8), 256, 0, stream>>>(a, rows);
+  else if (a.out16_type == core::DType::kBF16)
+    kernel_gdn_gated_norm<DV, __nv_bfloat16><<<grid_1d(rows, 8), 256, 0, stream>>>(a, rows);
+  else
+    kernel_gdn_gated_norm<DV, __half><<<grid_1d(rows, 8), 256, 0, stream>>>(a, rows);
   return cudaGetLastError();
 }
 
@@ -513,6 +532,8 @@ cudaError_t gated_deltanet_chunked(const GdnArgs& a, void* workspace, size_t wor
   if (!gdn_chunked_supported(a.nk, a.nv, a.dk, a.dv) || a.n_seqs > 65535 || a.nv > 65535 ||
       a.ld_out % 2 != 0 || reinterpret_cast<uintptr_t>(a.out) % 8 != 0 ||
       reinterpret_cast<uintptr_t>(a.states) % 8 != 0 || a.slot_stride % 2 != 0)
+    return cudaErrorInvalidValue;
+  if (a.out16 && a.out16_type != core::DType::kBF16 && a.out16_type != core::DType::kF16)
     return cudaErrorInvalidValue;
   if (workspace == nullptr ||
       workspace_bytes < gdn_chunked_workspace_bytes(a.n_seqs, a.tokens_per_seq, a.nv, a.dk, a.dv))
