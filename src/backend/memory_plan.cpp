@@ -9,12 +9,13 @@ namespace {
 
 // Constants of the CUDA backend the plan depends on (kLogitRows in cuda_backend.cpp, kGemvMaxRows in
 // gemv.cuh, kAttnSplitKeys in attention.cuh, kGemmWorkspace in cuda_backend.cpp, kGdnChunkLen in
-// gdn_chunked.cuh).
+// gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
 constexpr int64_t kLogitRows = 256;
 constexpr int64_t kGemvMaxRows = 32;
 constexpr int64_t kAttnSplitKeys = 64;
 constexpr size_t kGemmWorkspace = 32u << 20;
 constexpr int64_t kGdnChunkLen = 64;
+constexpr int64_t kGroupedTileRows = 64;
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t n, size_t a) {
@@ -148,7 +149,8 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
                                       R,
                                       R,
                                       R,
-                                      kGemvMaxRows};  // ids, pos, slot, out ids
+                                      kGemvMaxRows,  // ids, pos, slot, out ids
+                                      E ? 3 * (RK / kGroupedTileRows + E + 1) : 1};  // grouped GEMM tiles
   Sizer s;
   for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);
   const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);

@@ -62,11 +62,12 @@ RoundedReference::Sequence RoundedReference::new_sequence() const {
   return s;
 }
 
-void RoundedReference::linear(const float* x, int64_t T, const model::Mat& W, float* y,
-                              bool never_round) const {
-  const bool round = opt_.round_gemm_inputs && !never_round &&
-                     ((T > opt_.gemm_rows && W.cols % 8 == 0) || (T > opt_.mma_rows && W.cols % 32 == 0)) &&
-                     (W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16);
+void RoundedReference::linear(const float* x, int64_t T, const model::Mat& W, float* y, bool never_round,
+                              bool always_round) const {
+  const bool round =
+      opt_.round_gemm_inputs && !never_round &&
+      (always_round || (T > opt_.gemm_rows && W.cols % 8 == 0) || (T > opt_.mma_rows && W.cols % 32 == 0)) &&
+      (W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16);
   if (!round) {
     cpu::linear(x, T, W, y);
     return;
@@ -231,19 +232,23 @@ void RoundedReference::tensor_core_prefill_attention(std::vector<float> q, const
 }
 
 void RoundedReference::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
-                              bool never_round, bool round_gate_up) const {
+                              bool never_round, bool round_gate_up, bool grouped) const {
   const int64_t I = m.gate_proj.rows;
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
-  linear(x, T, m.gate_proj, g.data(), never_round);
-  linear(x, T, m.up_proj, u.data(), never_round);
-  // cuda_backend.cpp mlp_16bit: over more than gemm_rows rows, with all three matmuls on cuBLASLt in one
-  // 16-bit type, [gate | up] comes out in that type.
   const auto half = [](const model::Mat& W) {
     return W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   };
-  if (round_gate_up && opt_.round_gemm_inputs && !never_round && T > opt_.gemm_rows && half(m.gate_proj) &&
-      m.gate_proj.dtype == m.up_proj.dtype && m.gate_proj.dtype == m.down_proj.dtype &&
-      m.gate_proj.cols % 8 == 0 && m.down_proj.cols % 8 == 0) {
+  const bool one_type =
+      half(m.gate_proj) && m.gate_proj.dtype == m.up_proj.dtype && m.gate_proj.dtype == m.down_proj.dtype;
+  // The grouped expert GEMM (moe_grouped.cuh) rounds every row it takes, whatever the expert's count.
+  const bool all =
+      grouped && one_type && !never_round && m.gate_proj.cols % 32 == 0 && m.down_proj.cols % 32 == 0;
+  linear(x, T, m.gate_proj, g.data(), never_round, all);
+  linear(x, T, m.up_proj, u.data(), never_round, all);
+  // cuda_backend.cpp mlp_16bit: over more than gemm_rows rows, with all three matmuls on cuBLASLt in one
+  // 16-bit type, [gate | up] comes out in that type; and so out of the grouped expert GEMM.
+  if (opt_.round_gemm_inputs && (all || (round_gate_up && !never_round && T > opt_.gemm_rows && one_type &&
+                                         m.gate_proj.cols % 8 == 0 && m.down_proj.cols % 8 == 0))) {
     const auto r = [&](float v) {
       return m.gate_proj.dtype == core::DType::kBF16 ? core::round_bf16(v)
                                                      : core::f16_to_f32(core::f32_to_f16(v));
@@ -252,7 +257,7 @@ void RoundedReference::swiglu(const model::MlpWeights& m, const float* x, int64_
     for (auto& v : u) v = r(v);
   }
   for (int64_t i = 0; i < T * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
-  linear(g.data(), T, m.down_proj, out, never_round);
+  linear(g.data(), T, m.down_proj, out, never_round, all);
 }
 
 void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) {
@@ -291,7 +296,7 @@ void RoundedReference::ffn(size_t layer, const float* x, int64_t T, float* out) 
     ye.resize(static_cast<size_t>(n * H));
     for (int64_t i = 0; i < n; ++i)
       std::copy(x + rows[i].first * H, x + (rows[i].first + 1) * H, xe.begin() + i * H);
-    swiglu(L.moe.experts[e], xe.data(), n, ye.data(), fp32_block);
+    swiglu(L.moe.experts[e], xe.data(), n, ye.data(), fp32_block, false, /*grouped=*/!fp32_block);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < H; ++d) out[rows[i].first * H + d] += rows[i].second * ye[i * H + d];
   }

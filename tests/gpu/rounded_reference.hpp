@@ -7,6 +7,8 @@
 //     the MoE router and shared-expert gate never do; routed experts count their own rows;
 //   - a dense or shared-expert MLP over more than `gemm_rows` rows, all on cuBLASLt in one 16-bit type, has
 //     its gate and up outputs rounded to that type too (they come out of cuBLASLt in it);
+//   - above gemm_rows tokens the routed experts run as one grouped GEMM (moe_grouped.cuh) in their 16-bit
+//     type: inputs, gate/up outputs and down's input rounded for every expert, however few its rows;
 //   - the KV cache holds bf16 (k after norm and RoPE, v as projected), and with it a prefill of more than one
 //     token at hd 64/128/256 takes the tensor-core attention's numerics (bf16 q and softmax weights, 64-key
 //     tiles of online softmax: backend/cuda/attention_prefill.cu).
@@ -45,7 +47,8 @@ class RoundedReference {
   std::vector<float> forward(Sequence& s, std::span<const int32_t> tokens, bool all_logits);
 
  private:
-  void linear(const float* x, int64_t T, const model::Mat& W, float* y, bool never_round = false) const;
+  void linear(const float* x, int64_t T, const model::Mat& W, float* y, bool never_round = false,
+              bool always_round = false) const;
   void gated_deltanet(size_t l, int64_t li, const float* x, int64_t T, Sequence& s, float* out);
   void full_attention(size_t l, int64_t ai, const float* x, int64_t T, Sequence& s, float* out);
   void tensor_core_prefill_attention(std::vector<float> q, const std::vector<float>& kc,
@@ -53,7 +56,7 @@ class RoundedReference {
                                      std::vector<float>& o) const;
   void ffn(size_t l, const float* x, int64_t T, float* out);
   void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out, bool never_round = false,
-              bool round_gate_up = false) const;
+              bool round_gate_up = false, bool grouped = false) const;
 
   Options opt_;
   model::TextConfig c_;

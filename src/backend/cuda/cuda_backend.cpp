@@ -19,6 +19,7 @@
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
+#include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
@@ -532,6 +533,8 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.pos, R);
   i(ws_.slot, R);
   i(ws_.out_ids, kGemvMaxRows);
+  moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
+  i(ws_.moe_tiles, std::max<int64_t>(3 * moe_tile_room_, 1));
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
@@ -552,8 +555,10 @@ core::Status CudaBackend::plan_memory() {
     *b.p = static_cast<uint8_t*>(ws_mem_) + off;
     off += b.bytes;
   }
-  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK].
-  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), static_cast<size_t>(3 * R + 32 + 3 * RK) * 4,
+  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK][moe tiles].
+  static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
+  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
+                            static_cast<size_t>(3 * R + 32 + 3 * RK + 3 * moe_tile_room_) * 4,
                             cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
@@ -940,7 +945,8 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     return core::Status();
   }
   prof_.mark("moe experts", stream_);
-  // Prefill: sort the (token, k) slots by expert on the host, then one matmul per expert over its rows.
+  // Prefill: sort the (token, k) slots by expert on the host, then the grouped expert GEMMs (or, in exact
+  // mode and for shapes they do not take, one matmul per expert over its rows).
   const int64_t R = max_rows_, RK = R * K;
   int* p_tok = pinned_ + 3 * R + 32;
   int* p_slot = p_tok + RK;
@@ -965,15 +971,42 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   DF_CUDA_TRY(
       cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
-  for (int64_t e = 0; e < E; ++e) {
+  const core::DType dt = L.experts_gu.dtype;
+  const bool grouped = !opt_.exact && dt == L.experts_down.dtype &&
+                       moe_grouped_supported(dt, static_cast<int>(2 * Im), static_cast<int>(H)) &&
+                       moe_grouped_supported(dt, static_cast<int>(H), static_cast<int>(Im)) &&
+                       static_cast<size_t>(nk * std::max(H, Im)) <= ws_.x16_elems;
+  if (grouped) {
+    // One grouped GEMM per projection over every expert's rows (moe_grouped.cuh), in the weights' 16-bit
+    // type end to end as the dense MLP's prefill: gate_up -> 16-bit, SwiGLU 16 -> 16 into down's input.
+    std::vector<int64_t> per(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      per[static_cast<size_t>(e)] = count[static_cast<size_t>(e) + 1] - count[static_cast<size_t>(e)];
+    auto* p_tiles = reinterpret_cast<GroupedTile*>(p_ids + RK);
+    const int n_tiles =
+        grouped_tiles(per.data(), static_cast<int>(E), p_tiles, static_cast<int>(moe_tile_room_));
+    if (n_tiles < 0) return core::Error{"cuda backend: internal: MoE tile list overflow"};
+    DF_CUDA_TRY(cudaMemcpyAsync(ws_.moe_tiles, p_tiles, static_cast<size_t>(n_tiles) * sizeof(GroupedTile),
+                                cudaMemcpyHostToDevice, stream_));
+    const auto* tiles = reinterpret_cast<const GroupedTile*>(ws_.moe_tiles);
+    x16_holds_ = {};
+    DF_CUDA_TRY(convert_rows(ws_.xs, H, nk, H, ws_.x16, dt, stream_));
+    DF_CUDA_TRY(moe_grouped_gemm(L.experts_gu.data, dt, 2 * Im * H, static_cast<int>(2 * Im),
+                                 static_cast<int>(H), ws_.x16, tiles, n_tiles, ws_.gu_s, dt, 2 * Im,
+                                 stream_));
+    DF_CUDA_TRY(swiglu(ws_.gu_s, dt, 2 * Im, nk, Im, ws_.x16, dt, Im, stream_));
+    DF_CUDA_TRY(moe_grouped_gemm(L.experts_down.data, dt, H * Im, static_cast<int>(H), static_cast<int>(Im),
+                                 ws_.x16, tiles, n_tiles, ws_.ys, core::DType::kF32, H, stream_));
+  }
+  for (int64_t e = 0; e < E && !grouped; ++e) {
     const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
     if (cnt == 0) continue;
     DMat gu = L.experts_gu;
     gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
     DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
   }
-  DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
-  for (int64_t e = 0; e < E; ++e) {
+  if (!grouped) DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
+  for (int64_t e = 0; e < E && !grouped; ++e) {
     const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
     if (cnt == 0) continue;
     DMat dn = L.experts_down;

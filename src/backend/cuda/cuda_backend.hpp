@@ -223,6 +223,7 @@ class CudaBackend final : public Backend {
     float *router = nullptr, *moe_w = nullptr, *gu_s = nullptr, *act_s = nullptr, *y_slot = nullptr;
     float *xs = nullptr, *ys = nullptr, *y_shared = nullptr, *shared_gate = nullptr, *logits = nullptr;
     int *moe_ids = nullptr, *sort_tok = nullptr, *sort_slot = nullptr;
+    int* moe_tiles = nullptr;  // the grouped expert GEMM's tile list (GroupedTile, 3 ints each)
     int *ids = nullptr, *pos = nullptr, *slot = nullptr, *out_ids = nullptr;
     void* x16 = nullptr;
     size_t x16_elems = 0;
@@ -237,7 +238,9 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
     core::DType type = core::DType::kBF16;
   } x16_holds_;
-  int64_t max_rows_ = 0;  // tokens one forward takes (prefill chunk, or a decode bucket)
+  int64_t max_rows_ = 0;
+  int64_t moe_tile_room_ = 0;  // GroupedTile entries ws_.moe_tiles and the pinned staging hold  // tokens one
+                               // forward takes (prefill chunk, or a decode bucket)
   int max_splits_ = 1;
 
   // Pinned staging: ids, positions and slots of a step (3 x max_rows_ ints), MoE sort order, sampled ids.
