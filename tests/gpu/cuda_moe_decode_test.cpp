@@ -70,7 +70,8 @@ TEST_F(CudaMoeDecode, RouterLogitsEqualCpuLinearSplitInTwo) {
     for (const auto& s : shapes) {
       HostMat W(randn(rng, static_cast<size_t>(s.N * s.K)), dt, s.N, s.K);
       DevBuf<uint8_t> dW(W.bytes);
-      for (int T : kTokens) {
+      // T = 100: one launch over four tiles of 32 tokens, the last ragged (the MoE prefill's form).
+      for (int T : {1, 3, 8, 32, 100}) {
         const auto x = randn(rng, static_cast<size_t>(T * s.K));
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         cpu::linear(x.data(), T, W.mat, ref.data());
@@ -87,6 +88,23 @@ TEST_F(CudaMoeDecode, RouterLogitsEqualCpuLinearSplitInTwo) {
           for (int64_t n = 0; n < s.N; ++n)
             got[t * s.N + n] = n < s.n_split ? o0[t * s.n_split + n] : o1[t * n1 + n - s.n_split];
         EXPECT_LE(rel_err(got, ref), kTol) << where(dt, T, s.N, s.n_split, s.K);
+        if (T <= 32) continue;
+        // Every row bit-equal to its own tile-sized launch: prefill routes on decode's logits.
+        for (int t0 = 0; t0 < T; t0 += 32) {
+          const int rows = std::min(32, T - t0);
+          DevBuf<float> e0(static_cast<size_t>(rows * s.n_split)),
+              e1(static_cast<size_t>(rows * std::max<int64_t>(n1, 1)));
+          ASSERT_EQ(cu::moe_router_logits(dW.get(), dt, s.N, s.n_split, s.K, dx.get() + t0 * s.K, s.K, rows,
+                                          e0.get(), s.n_split, e1.get(), n1, nullptr),
+                    cudaSuccess);
+          const auto p0 = e0.download(), p1 = e1.download();
+          EXPECT_EQ(p0, std::vector<float>(o0.begin() + t0 * s.n_split, o0.begin() + (t0 + rows) * s.n_split))
+              << "tile at " << t0 << ", " << where(dt, T, s.N, s.n_split, s.K);
+          if (n1 > 0) {
+            EXPECT_EQ(p1, std::vector<float>(o1.begin() + t0 * n1, o1.begin() + (t0 + rows) * n1))
+                << "tile at " << t0 << ", " << where(dt, T, s.N, s.n_split, s.K);
+          }
+        }
       }
     }
   }
@@ -260,8 +278,9 @@ TEST_F(CudaMoeDecode, WholeBlockEqualsCpuForEveryTopK) {
 TEST_F(CudaMoeDecode, RejectsMoreRowsThanOneLaunchTakes) {
   const cu::MoeGateUpWeights none{};
   const cu::MoeDownWeights dnone{};
-  EXPECT_EQ(cu::moe_router_logits(nullptr, core::DType::kBF16, 4, 4, 8, nullptr, 8, 33, nullptr, 4, nullptr,
-                                  0, nullptr),
+  // The router kernel tiles any T up to its grid's limit.
+  EXPECT_EQ(cu::moe_router_logits(nullptr, core::DType::kBF16, 4, 4, 8, nullptr, 8, 65535 * 32 + 1, nullptr,
+                                  4, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(
       cu::moe_gate_up_swiglu(none, nullptr, 1, none, 8, nullptr, 8, 33, nullptr, 1, nullptr, 1, nullptr),

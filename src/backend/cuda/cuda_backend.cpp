@@ -911,17 +911,13 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const size_t es = core::dtype_size(L.experts_gu.dtype);
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
   // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding. The
-  // [router | shared gate] logits go through the split-K router kernel in tiles of kGemvMaxRows tokens (a
-  // decode step is one tile; the plain GEMV would give E + 1 = 257 rows two blocks' worth of warps and a
-  // 1-row shared gate one block: 28 ms a layer each at 8K), then the top-k routing; expert ids stay on the
-  // device.
+  // [router | shared gate] logits go through the split-K router kernel, one launch over tiles of
+  // kGemvMaxRows tokens (a decode step is one tile; the plain GEMV would give E + 1 = 257 rows two blocks'
+  // worth of warps and a 1-row shared gate one block), then the top-k routing; expert ids stay on the device.
   prof_.mark("moe router", stream_);
   if (L.router_gate.data) {
-    for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, n - t0));
-      DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn + t0 * H, H,
-                                    rows, ws_.router + t0 * E, E, ws_.shared_gate + t0, 1, stream_));
-    }
+    DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H,
+                                  static_cast<int>(n), ws_.router, E, ws_.shared_gate, 1, stream_));
   } else {
     DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
     DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));

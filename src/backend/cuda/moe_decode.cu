@@ -90,9 +90,10 @@ struct LogitsArgs {
   int64_t ld1;
 };
 
-// A block owns R rows; its threads stride together over the row's vectors (thread i takes vectors i, i + 256,
-// ...), each meeting all T <= TT activation rows, then the per-thread sums are reduced over the warp and,
-// in warp order, over the block.
+// A block owns R rows and tile blockIdx.y of TT activation rows; its threads stride together over the row's
+// vectors (thread i takes vectors i, i + 256, ...), each meeting all the tile's rows, then the per-thread
+// sums are reduced over the warp and, in warp order, over the block. A row's sum does not depend on TT or on
+// its tile: prefill and decode route on the same logits.
 template <class WT, int R, int TT, bool kAligned>
 __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs a) {
   using WV = WeightVec<WT, kAligned>;
@@ -101,6 +102,8 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R;
   const int64_t nvec = (a.K + kV - 1) / kV;
+  const int t0 = static_cast<int>(blockIdx.y) * TT, Tn = min(TT, a.T - t0);
+  const float* xb = a.x + static_cast<int64_t>(t0) * a.ldx;
   const WT* W = static_cast<const WT*>(a.W);
   const WT* rows[R];
 #pragma unroll
@@ -131,9 +134,9 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
     for (int r = 0; r < R; ++r) wv[r].unpack(wf[r]);
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
-      if (t < a.T) {
+      if (t < Tn) {
         float xv[kV];
-        load_x<kV, kAligned>(a.x + t * a.ldx, i, a.K, xv);
+        load_x<kV, kAligned>(xb + t * a.ldx, i, a.K, xv);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r][t] = dot(wf[r], xv, acc[r][t]);
       }
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
-      if (t < a.T) {
+      if (t < Tn) {
         const float v = warp_sum(acc[r][t]);
         if (lane == 0) red[warp][r * TT + t] = v;
       }
@@ -152,13 +155,14 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
   for (int j = threadIdx.x; j < R * TT; j += kSplitThreads) {
     const int r = j / TT, t = j % TT;
     const int64_t n = n0 + r;
-    if (t >= a.T || n >= a.N) continue;
+    if (t >= Tn || n >= a.N) continue;
     float s = 0.0f;
     for (int w = 0; w < kSplitWarps; ++w) s += red[w][j];
+    const int64_t tr = t0 + t;
     if (n < a.n_split) {
-      a.out0[t * a.ld0 + n] = s;
+      a.out0[tr * a.ld0 + n] = s;
     } else {
-      a.out1[t * a.ld1 + (n - a.n_split)] = s;
+      a.out1[tr * a.ld1 + (n - a.n_split)] = s;
     }
   }
 }
@@ -166,7 +170,8 @@ __global__ void __launch_bounds__(kSplitThreads) kernel_router_logits(LogitsArgs
 template <class WT, int TT, bool kAligned>
 cudaError_t launch_router_logits(const LogitsArgs& a, cudaStream_t s) {
   return launch(kernel_router_logits<WT, kLogitRowsPerBlock, TT, kAligned>,
-                dim3(grid_1d(a.N, kLogitRowsPerBlock)), dim3(kSplitThreads), 0, s, a);
+                dim3(grid_1d(a.N, kLogitRowsPerBlock), static_cast<unsigned>((a.T + TT - 1) / TT)),
+                dim3(kSplitThreads), 0, s, a);
 }
 
 template <class WT>
@@ -446,7 +451,7 @@ cudaError_t run_down(const DownArgs& a, core::DType dt, int T, bool aligned, cud
 cudaError_t moe_router_logits(const void* W, core::DType dtype, int64_t N, int64_t n_split, int64_t K,
                               const float* x, int64_t ldx, int T, float* out0, int64_t ld0, float* out1,
                               int64_t ld1, cudaStream_t stream) {
-  if (T < 0 || T > kGemvMaxRows || n_split < 0 || n_split > N || K < 0 || (n_split < N && !out1))
+  if (T < 0 || T > 65535 * kGemvMaxRows || n_split < 0 || n_split > N || K < 0 || (n_split < N && !out1))
     return cudaErrorInvalidValue;
   if (N == 0 || T == 0) return cudaSuccess;
   const LogitsArgs a{W, N, n_split, K, x, ldx, T, out0, ld0, out1, ld1};

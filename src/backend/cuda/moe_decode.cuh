@@ -19,9 +19,10 @@
 namespace deltaflow::backend::cuda {
 
 // out0[t, n] = x[t] . W[n] for n < n_split;  out1[t, n - n_split] = x[t] . W[n] for n_split <= n < N.
-// W: [N, K] row-major (BF16, F16 or F32); x: [T, ldx] fp32, T <= kGemvMaxRows. The K dimension is split over
-// the threads of a block and reduced in shared memory in a fixed order (deterministic), so a few hundred
-// rows (the router) still give every SM work. out1 may be null when n_split == N.
+// W: [N, K] row-major (BF16, F16 or F32); x: [T, ldx] fp32, in tiles of kGemvMaxRows rows (one launch; a
+// decode step is one tile). The K dimension is split over the threads of a block and reduced in shared memory
+// in a fixed order (deterministic, and the same for a row whatever its tile), so a few hundred rows (the
+// router) still give every SM work. out1 may be null when n_split == N.
 cudaError_t moe_router_logits(const void* W, core::DType dtype, int64_t N, int64_t n_split, int64_t K,
                               const float* x, int64_t ldx, int T, float* out0, int64_t ld0, float* out1,
                               int64_t ld1, cudaStream_t stream);
