@@ -16,8 +16,13 @@ using gdn_mma::mma;
 using gdn_mma::store_bf16x2;
 
 constexpr int kL = kGdnChunkLen;   // tokens per chunk
-constexpr int kThreads = 128;      // four warps; warp w owns chunk rows [16w, 16w + 16)
+constexpr int kThreads = 128;      // prepare: four warps; warp w owns chunk rows [16w, 16w + 16)
 constexpr int kColsPerBlock = 32;  // state columns per block of the sequential pass
+// The sequential pass: eight warps, warp w on chunk rows [16 (w % 4), +16) and state rows [dk/4 (w % 4),
+// +dk/4) of column half w / 4. With four warps on all 32 columns a chunk was a chain of dependent mma and
+// shared loads on 9% of the GPU's warp slots; the halves run side by side.
+constexpr int kScanThreads = 256;
+constexpr int kHalfCols = kColsPerBlock / 2;
 
 // What the prepare pass leaves for the sequential pass, one record per (sequence, chunk, value head), records
 // ordered chunk-major so the heads running side by side read neighbouring memory. Padded rows (past a short
@@ -93,16 +98,31 @@ __device__ __forceinline__ void warp_gemm_ab(float (&acc)[NT][4], const bf16* A,
   }
 }
 
+// warp_gemm_ab over B's columns [n0, n0 + 8 NT).
+template <int NT>
+__device__ __forceinline__ void warp_gemm_ab_cols(float (&acc)[NT][4], const bf16* A, int lda, const bf16* B,
+                                                  int ldb, int m0, int ks, int n0) {
+  warp_gemm_ab(acc, A, lda, B + n0, ldb, m0, ks);
+}
+
 template <int NT>
 __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
+// q's and k's tiles are dead once P and A are in registers: A (fp32) is written over them, and T after A
+// when it fits there (dk 128). Four row tiles and the per-token scalars: three blocks fit an SM at dk = dv =
+// 128 (the pass waits on its row loads and on the solve's dependent chain; with five tiles two fit).
 template <int DK, int DV>
 struct PrepareSmem {
   static constexpr int kLdK = DK + 8, kLdV = DV + 8, kLdT = kL + 8, kLdA = kL + 1;
-  static constexpr size_t kBytes = (3 * kL * kLdK + kL * kLdV + kL * kLdT) * 2 + (kL * kLdA + 2 * kL) * 4;
+  static constexpr size_t kQK = 2 * kL * kLdK * 2, kA = (kL * kLdA * 4 + 15) / 16 * 16, kT = kL * kLdT * 2;
+  static_assert(kA <= kQK, "A fits over q and k");
+  static constexpr bool kTOverQK = kA + kT <= kQK;
+  static constexpr size_t kScalars = (3 * kL * kLdK + kL * kLdV) * 2;  // byte offset of G and beta
+  static constexpr size_t kTOffset = kTOverQK ? kA : kScalars + 2 * kL * 4;
+  static constexpr size_t kBytes = kScalars + 2 * kL * 4 + (kTOverQK ? 0 : kT);
 };
 
 // Block (chunk c, value head j, sequence s): everything of the chunk that does not depend on the state.
@@ -111,14 +131,14 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_prepare(GdnArgs a, ChunkB
   using Sm = PrepareSmem<DK, DV>;
   constexpr int LDK = Sm::kLdK, LDV = Sm::kLdV, LDT = Sm::kLdT, LDA = Sm::kLdA;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Qb = reinterpret_cast<bf16*>(smem_raw);         // [L][LDK] l2norm(q) dk^-0.5
-  bf16* Kb = Qb + kL * LDK;                             // [L][LDK] l2norm(k)
-  bf16* KBb = Kb + kL * LDK;                            // [L][LDK] beta exp(G) k
-  bf16* Vb = KBb + kL * LDK;                            // [L][LDV] beta v
-  bf16* Tb = Vb + kL * LDV;                             // [L][LDT] (I + A)^-1
-  float* Af = reinterpret_cast<float*>(Tb + kL * LDT);  // [L][LDA] A, strictly lower
-  float* Gs = Af + kL * LDA;                            // [L] cumulative log decay
-  float* Bs = Gs + kL;                                  // [L] beta
+  bf16* Qb = reinterpret_cast<bf16*>(smem_raw);                   // [L][LDK] l2norm(q) dk^-0.5
+  bf16* Kb = Qb + kL * LDK;                                       // [L][LDK] l2norm(k)
+  bf16* KBb = Kb + kL * LDK;                                      // [L][LDK] beta exp(G) k
+  bf16* Vb = KBb + kL * LDK;                                      // [L][LDV] beta v
+  float* Gs = reinterpret_cast<float*>(smem_raw + Sm::kScalars);  // [L] cumulative log decay
+  float* Bs = Gs + kL;                                            // [L] beta
+  float* Af = reinterpret_cast<float*>(smem_raw);                 // [L][LDA] A, strictly lower
+  bf16* Tb = reinterpret_cast<bf16*>(smem_raw + Sm::kTOffset);    // [L][LDT] (I + A)^-1
 
   const int c = blockIdx.x, j = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
@@ -153,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_prepare(GdnArgs a, ChunkB
   const float q_scale = 1.0f / sqrtf(static_cast<float>(DK));
   const float G_last = Gs[kL - 1];
   // A warp takes kRowsInFlight of its rows at a time, all their loads issued before the first use: one row
-  // at a time left the block waiting on a global load per row (at two blocks per SM, nothing else to run).
+  // at a time left the block waiting on a global load per row (a few blocks per SM: little else to run).
   constexpr int kRowsInFlight = 4, kWarps = kThreads / 32;
   for (int i0 = warp; i0 < kL; i0 += kWarps * kRowsInFlight) {
     float q[kRowsInFlight][PK], k[kRowsInFlight][PK], v[kRowsInFlight][PV];
@@ -220,9 +240,11 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_prepare(GdnArgs a, ChunkB
         const float p1 = jj + 1 <= i ? expf(Gi - Gs[jj + 1]) * acc[n][2 * h + 1] : 0.0f;
         store_bf16x2(P + i * kL + jj, p0, p1);
       }
-    // A = beta_i exp(G_i - G_j) k_i.k_j, strictly lower, in fp32 for the solve.
+    // A = beta_i exp(G_i - G_j) k_i.k_j, strictly lower, in fp32 for the solve; written over q and k once
+    // every warp is done reading them.
     zero(acc);
     warp_gemm_abt<DK / 16>(acc, Kb, LDK, Kb, LDK, m0);
+    __syncthreads();
 #pragma unroll
     for (int n = 0; n < kL / 8; ++n)
 #pragma unroll
@@ -295,17 +317,17 @@ struct ScanSmem {
 };
 
 // Block (32 state columns from e0, value head j, sequence s): the sequential pass over the chunks. The state
-// slice S[:, e0..e0+32) stays in fp32 registers (warp w owns rows [w dk/4, (w+1) dk/4)); its bf16 copy in
-// shared memory feeds the products. Per chunk:
+// slice S[:, e0..e0+32) stays in fp32 registers (warp w: rows [(w % 4) dk/4, +dk/4), columns of half w / 4);
+// its bf16 copy in shared memory feeds the products. Per chunk:
 //   Delta = U - W S0 ; O = Qg S0 + P Delta (written pre-norm to out) ; S = exp(G_L) S0 + Kd^T Delta
 // The chunk's operands arrive by cp.async in two groups, each issued as soon as the previous chunk is done
 // with its buffers: W, Qg, U (used first) and Kd, P (used after Delta).
 template <int DK>
-__global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, ChunkBufs cb, int n_chunks) {
+__global__ void __launch_bounds__(kScanThreads) kernel_gdn_chunk_scan(GdnArgs a, ChunkBufs cb, int n_chunks) {
   using Sm = ScanSmem<DK>;
   constexpr int LDK = Sm::kLdK, LDL = Sm::kLdL, LDB = Sm::kLdB, LDU = Sm::kLdU;
-  constexpr int NT = kColsPerBlock / 8;  // n-tiles per warp
-  constexpr int MS = DK / 64;            // 16-row state tiles per warp
+  constexpr int NT = kHalfCols / 8;  // n-tiles per warp
+  constexpr int MS = DK / 64;        // 16-row state tiles per warp
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Ws = reinterpret_cast<bf16*>(smem_raw);         // [L][LDK]
   bf16* Qs = Ws + kL * LDK;                             // [L][LDK]
@@ -319,8 +341,10 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, t4 = lane & 3;
   const int dv = a.dv;
   float* S = a.states + static_cast<int64_t>(a.slots[s]) * a.slot_stride + static_cast<int64_t>(j) * DK * dv;
-  const int sm0 = warp * (DK / 4);  // this warp's first state row
-  const int m0 = warp * 16;         // this warp's first chunk row
+  const int rg = warp & 3;                 // row group
+  const int ec = (warp >> 2) * kHalfCols;  // this warp's first column in the block's slice
+  const int sm0 = rg * (DK / 4);           // this warp's first state row
+  const int m0 = rg * 16;                  // this warp's first chunk row
 
   auto rec_of = [&](int c) { return (static_cast<int64_t>(s) * n_chunks + c) * a.nv + j; };
   auto issue_first = [&](int c) {
@@ -348,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = sm0 + m * 16 + g8 + 8 * h, e = n * 8 + 2 * t4;
+        const int r = sm0 + m * 16 + g8 + 8 * h, e = ec + n * 8 + 2 * t4;
         const float2 v = *reinterpret_cast<const float2*>(S + static_cast<int64_t>(r) * dv + e0 + e);
         st[m][n][2 * h] = v.x;
         st[m][n][2 * h + 1] = v.y;
@@ -370,7 +394,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float2 u = *reinterpret_cast<const float2*>(Us + (m0 + g8 + 8 * h) * LDU + n * 8 + 2 * t4);
+        const float2 u = *reinterpret_cast<const float2*>(Us + (m0 + g8 + 8 * h) * LDU + ec + n * 8 + 2 * t4);
         nd[n][2 * h] = -u.x;
         nd[n][2 * h + 1] = -u.y;
       }
@@ -383,7 +407,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
-        load_b_kn(b, S0b, LDB, kk * 16, np * 16);
+        load_b_kn(b, S0b, LDB, kk * 16, ec + np * 16);
         mma(nd[2 * np], aw, b[0], b[1]);
         mma(nd[2 * np + 1], aw, b[2], b[3]);
         mma(o[2 * np], aq, b[0], b[1]);
@@ -394,13 +418,13 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        store_bf16x2(Db + (m0 + g8 + 8 * h) * LDB + n * 8 + 2 * t4, -nd[n][2 * h], -nd[n][2 * h + 1]);
+        store_bf16x2(Db + (m0 + g8 + 8 * h) * LDB + ec + n * 8 + 2 * t4, -nd[n][2 * h], -nd[n][2 * h + 1]);
     gdn_mma::cp_async_wait<0>();
     __syncthreads();
     issue_first(c + 1);  // W, Qg, U are no longer read in this chunk
 
-    // o += P Delta (P lower triangular: k-tiles 0..warp), written pre-norm.
-    warp_gemm_ab(o, Ps, LDL, Db, LDB, m0, warp + 1);
+    // o += P Delta (P lower triangular: k-tiles 0..row group), written pre-norm.
+    warp_gemm_ab_cols(o, Ps, LDL, Db, LDB, m0, rg + 1, ec);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = m0 + g8 + 8 * h;
@@ -408,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
         float* dst = a.out + (t0 + i) * a.ld_out + static_cast<int64_t>(j) * dv + e0;
 #pragma unroll
         for (int n = 0; n < NT; ++n)
-          *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+          *reinterpret_cast<float2*>(dst + ec + n * 8 + 2 * t4) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
       }
     }
 
@@ -427,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           uint32_t b[4];
-          load_b_kn(b, Db, LDB, kk * 16, np * 16);
+          load_b_kn(b, Db, LDB, kk * 16, ec + np * 16);
           mma(st[m][2 * np], ak, b[0], b[1]);
           mma(st[m][2 * np + 1], ak, b[2], b[3]);
         }
@@ -436,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          store_bf16x2(S0b + (sm0 + m * 16 + g8 + 8 * h) * LDB + n * 8 + 2 * t4, st[m][n][2 * h],
+          store_bf16x2(S0b + (sm0 + m * 16 + g8 + 8 * h) * LDB + ec + n * 8 + 2 * t4, st[m][n][2 * h],
                        st[m][n][2 * h + 1]);
     }
     __syncthreads();
@@ -450,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gdn_chunk_scan(GdnArgs a, Chu
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = sm0 + m * 16 + g8 + 8 * h, e = n * 8 + 2 * t4;
+        const int r = sm0 + m * 16 + g8 + 8 * h, e = ec + n * 8 + 2 * t4;
         *reinterpret_cast<float2*>(S + static_cast<int64_t>(r) * dv + e0 + e) =
             make_float2(st[m][n][2 * h], st[m][n][2 * h + 1]);
       }
@@ -503,7 +527,7 @@ cudaError_t launch(const GdnArgs& a, const ChunkBufs& cb, int n_chunks, cudaStre
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const dim3 scan_grid(static_cast<unsigned>(DV / kColsPerBlock), static_cast<unsigned>(a.nv),
                        static_cast<unsigned>(a.n_seqs));
-  kernel_gdn_chunk_scan<DK><<<scan_grid, kThreads, ScanSmem<DK>::kBytes, stream>>>(a, cb, n_chunks);
+  kernel_gdn_chunk_scan<DK><<<scan_grid, kScanThreads, ScanSmem<DK>::kBytes, stream>>>(a, cb, n_chunks);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const int64_t rows = static_cast<int64_t>(a.n_seqs) * a.tokens_per_seq * a.nv;
   if (a.out16 == nullptr)
