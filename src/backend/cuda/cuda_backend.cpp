@@ -20,6 +20,7 @@
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/moe_grouped.cuh"
+#include "backend/cuda/moe_router.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
@@ -911,11 +912,15 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const size_t es = core::dtype_size(L.experts_gu.dtype);
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
   // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding. The
-  // [router | shared gate] logits go through the split-K router kernel, one launch over tiles of
-  // kGemvMaxRows tokens (a decode step is one tile; the plain GEMV would give E + 1 = 257 rows two blocks'
-  // worth of warps and a 1-row shared gate one block), then the top-k routing; expert ids stay on the device.
+  // [router | shared gate] logits of a decode step go through the split-K router kernel (the plain GEMV would
+  // give E + 1 = 257 rows two blocks' worth of warps and a 1-row shared gate one block); a prefill's through
+  // the register-tiled one (moe_router.cuh), except in exact mode, where the split-K kernel's tiles keep
+  // prefill's logits bit-equal to decode's. Then the top-k routing; expert ids stay on the device.
   prof_.mark("moe router", stream_);
-  if (L.router_gate.data) {
+  if (L.router_gate.data && n > kGemvMaxRows && !opt_.exact) {
+    DF_CUDA_TRY(moe_router_logits_tiled(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H, n,
+                                        ws_.router, E, ws_.shared_gate, 1, stream_));
+  } else if (L.router_gate.data) {
     DF_CUDA_TRY(moe_router_logits(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H,
                                   static_cast<int>(n), ws_.router, E, ws_.shared_gate, 1, stream_));
   } else {

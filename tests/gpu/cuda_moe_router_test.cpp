@@ -1,0 +1,103 @@
+// The MoE router's prefill kernel (backend/cuda/moe_router.cuh) against the CPU linear, on the real shape
+// (Qwen3.5-35B-A3B: 256 experts + the shared gate over H = 2048) and ragged ones (rows, tokens and K not
+// multiples of the 64 x 64 x 32 tiles), strided inputs and outputs. Label `gpu`.
+//
+// Tolerance, as max |gpu - cpu| / max(1, max |cpu|): both sum in fp32 (the kernel with FMA, in k order), so
+// they agree to ~1e-6 at K = 2048; 2e-5 as the decode router's test.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.hpp"
+#include "backend/cuda/moe_router.cuh"
+#include "gpu_test_util.hpp"
+
+namespace deltaflow {
+namespace {
+
+using gpu_test::DevBuf;
+using gpu_test::HostMat;
+using gpu_test::randn;
+using gpu_test::rel_err;
+namespace cu = backend::cuda;
+namespace cpu = backend::cpu;
+
+constexpr double kTol = 2e-5;
+
+class CudaMoeRouter : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(gpu_test::have_gpu()) << "no GPU visible"; }
+};
+
+TEST_F(CudaMoeRouter, TiledLogitsEqualCpuLinearSplitInTwo) {
+  std::mt19937 rng(37);
+  struct Case {
+    int64_t N, n_split, K, T;
+  };
+  const Case cases[] = {{257, 256, 2048, 1000}, {257, 256, 2048, 64}, {9, 8, 64, 33},   {65, 64, 200, 129},
+                        {33, 32, 61, 70},       {5, 5, 1003, 100},    {130, 1, 40, 65}, {513, 512, 96, 1}};
+  for (core::DType dt : {core::DType::kBF16, core::DType::kF16, core::DType::kF32}) {
+    for (const auto& c : cases) {
+      HostMat W(randn(rng, static_cast<size_t>(c.N * c.K)), dt, c.N, c.K);
+      DevBuf<uint8_t> dW(W.bytes);
+      // x rows strided past K, outputs strided past their widths: the padding must stay as it was.
+      const int64_t ldx = c.K + 3, n1 = c.N - c.n_split, ld0 = c.n_split + 2, ld1 = n1 + 1;
+      const auto x = randn(rng, static_cast<size_t>(c.T * ldx));
+      std::vector<float> packed(static_cast<size_t>(c.T * c.K));
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t k = 0; k < c.K; ++k) packed[t * c.K + k] = x[t * ldx + k];
+      std::vector<float> ref(static_cast<size_t>(c.T * c.N));
+      cpu::linear(packed.data(), c.T, W.mat, ref.data());
+      const std::vector<float> fill0(static_cast<size_t>(c.T * ld0), -7.0f),
+          fill1(static_cast<size_t>(c.T * ld1), -7.0f);
+      DevBuf<float> dx(x), d0(fill0), d1(fill1);
+      ASSERT_EQ(cu::moe_router_logits_tiled(dW.get(), dt, c.N, c.n_split, c.K, dx.get(), ldx, c.T, d0.get(),
+                                            ld0, d1.get(), ld1, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto o0 = d0.download(), o1 = d1.download();
+      std::vector<float> got(static_cast<size_t>(c.T * c.N));
+      bool pad_kept = true;
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t n = 0; n < c.N; ++n)
+          got[t * c.N + n] = n < c.n_split ? o0[t * ld0 + n] : o1[t * ld1 + n - c.n_split];
+        for (int64_t n = c.n_split; n < ld0; ++n) pad_kept = pad_kept && o0[t * ld0 + n] == -7.0f;
+        for (int64_t n = n1; n < ld1; ++n) pad_kept = pad_kept && o1[t * ld1 + n] == -7.0f;
+      }
+      const std::string where = std::string(core::dtype_name(dt)) + " N=" + std::to_string(c.N) +
+                                " split=" + std::to_string(c.n_split) + " K=" + std::to_string(c.K) +
+                                " T=" + std::to_string(c.T);
+      EXPECT_LE(rel_err(got, ref), kTol) << where;
+      EXPECT_TRUE(pad_kept) << "wrote past an output row, " << where;
+    }
+  }
+}
+
+TEST_F(CudaMoeRouter, TiledRejectsBadArguments) {
+  DevBuf<float> buf(std::vector<float>(64, 0.0f));
+  const float* x = buf.get();
+  float* y = buf.get();
+  // n_split < N needs out1; n_split past N; a short ldx; a short ld0; too many token tiles for the grid.
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 2, 4, x, 4, 2, y, 2, nullptr, 2, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 5, 4, x, 4, 2, y, 5, y, 1, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 4, 4, x, 3, 2, y, 4, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 4, 4, x, 4, 2, y, 3, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 4, 4, x, 4, int64_t{65536} * 64, y, 4,
+                                        nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kI32, 4, 4, 4, x, 4, 2, y, 4, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  // Nothing to do is not an error.
+  EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 4, 4, x, 4, 0, y, 4, nullptr, 0, nullptr),
+            cudaSuccess);
+}
+
+}  // namespace
+}  // namespace deltaflow
