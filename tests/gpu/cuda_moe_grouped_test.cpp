@@ -3,12 +3,13 @@
 //
 // Segments of 0, 1, 63, 64, 65 and 200 rows (tiles that end inside, at and past kGroupedTileRows), N below,
 // at and past one block's kGroupedTileCols (and not a multiple of it), BF16 and F16, output in fp32 and in
-// the weights' type. Tolerance, as max |gpu - cpu| / max(1, max |cpu|): fp32 accumulation in another order,
-// 1e-4 as the cuBLASLt test; a 16-bit output adds one rounding (half an ulp of the largest value: 4e-3 bf16,
-// 5e-4 f16).
+// the weights' type, rows read and written through row maps. Tolerance, as max |gpu - cpu| / max(1, max
+// |cpu|): fp32 accumulation in another order, 1e-4 as the cuBLASLt test; a 16-bit output adds one rounding
+// (half an ulp of the largest value: 4e-3 bf16, 5e-4 f16).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -42,7 +43,8 @@ TEST_F(CudaMoeGrouped, EqualsCpuLinearPerExpert) {
   int64_t rows = 0;
   for (int64_t c : counts) rows += c;
   for (core::DType wt : {core::DType::kBF16, core::DType::kF16}) {
-    for (auto [N, K] : {std::pair{64, 64}, std::pair{128, 32}, std::pair{200, 96}, std::pair{384, 160}}) {
+    for (auto [N, K] : {std::pair{64, 64}, std::pair{128, 32}, std::pair{200, 96}, std::pair{384, 160},
+                        std::pair{600, 64}}) {
       HostMat W(randn(rng, static_cast<size_t>(E) * N * K, 0.2f), wt, static_cast<int64_t>(E) * N, K);
       DevBuf<uint8_t> dW(W.bytes);
       auto x = randn(rng, static_cast<size_t>(rows * K));
@@ -88,6 +90,26 @@ TEST_F(CudaMoeGrouped, EqualsCpuLinearPerExpert) {
                 cudaSuccess);
       EXPECT_LE(rel_err(from_bytes(dy16.download(), wt), ref), wt == core::DType::kBF16 ? 4e-3 : 5e-4)
           << "16-bit out, " << where;
+      // Through row maps (the backend's gather of token rows and scatter to slots): x row r read from
+      // x_rows[r] of a permuted copy, its output written to row y_rows[r]; bit-equal to the plain run.
+      std::vector<int> x_rows(static_cast<size_t>(rows)), y_rows(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) x_rows[r] = y_rows[r] = static_cast<int>(r);
+      std::shuffle(x_rows.begin(), x_rows.end(), rng);
+      std::shuffle(y_rows.begin(), y_rows.end(), rng);
+      std::vector<float> xp(x.size());
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(x.begin() + r * K, K, xp.begin() + static_cast<int64_t>(x_rows[r]) * K);
+      DevBuf<uint8_t> dxp(to_bytes(xp, wt));
+      DevBuf<int> dxr(x_rows), dyr(y_rows);
+      DevBuf<float> dym(std::vector<float>(static_cast<size_t>(rows * ldy), -7.0f));
+      ASSERT_EQ(cu::moe_grouped_gemm(dW.get(), wt, int64_t{N} * K, N, K, dxp.get(), dt, n_tiles, dym.get(),
+                                     core::DType::kF32, ldy, nullptr, dxr.get(), dyr.get()),
+                cudaSuccess);
+      const auto ym = dym.download();
+      std::vector<float> unmapped(static_cast<size_t>(rows * ldy));
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(ym.begin() + static_cast<int64_t>(y_rows[r]) * ldy, ldy, unmapped.begin() + r * ldy);
+      EXPECT_EQ(unmapped, y) << "row maps, " << where;
     }
   }
 }

@@ -971,7 +971,6 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
       cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(
       cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
-  DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
   const core::DType dt = L.experts_gu.dtype;
   const bool grouped = !opt_.exact && dt == L.experts_down.dtype &&
                        moe_grouped_supported(dt, static_cast<int>(2 * Im), static_cast<int>(H)) &&
@@ -980,6 +979,8 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   if (grouped) {
     // One grouped GEMM per projection over every expert's rows (moe_grouped.cuh), in the weights' 16-bit
     // type end to end as the dense MLP's prefill: gate_up -> 16-bit, SwiGLU 16 -> 16 into down's input.
+    // gate_up reads each slot's token row through sort_tok and down writes each slot's row through
+    // sort_slot: no gathered copy of x, no scatter of y.
     std::vector<int64_t> per(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e)
       per[static_cast<size_t>(e)] = count[static_cast<size_t>(e) + 1] - count[static_cast<size_t>(e)];
@@ -991,13 +992,16 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
                                 cudaMemcpyHostToDevice, stream_));
     const auto* tiles = reinterpret_cast<const GroupedTile*>(ws_.moe_tiles);
     x16_holds_ = {};
-    DF_CUDA_TRY(convert_rows(ws_.xs, H, nk, H, ws_.x16, dt, stream_));
+    DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_gu.data, dt, 2 * Im * H, static_cast<int>(2 * Im),
-                                 static_cast<int>(H), ws_.x16, tiles, n_tiles, ws_.gu_s, dt, 2 * Im,
-                                 stream_));
+                                 static_cast<int>(H), ws_.x16, tiles, n_tiles, ws_.gu_s, dt, 2 * Im, stream_,
+                                 ws_.sort_tok, nullptr));
     DF_CUDA_TRY(swiglu(ws_.gu_s, dt, 2 * Im, nk, Im, ws_.x16, dt, Im, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_down.data, dt, H * Im, static_cast<int>(H), static_cast<int>(Im),
-                                 ws_.x16, tiles, n_tiles, ws_.ys, core::DType::kF32, H, stream_));
+                                 ws_.x16, tiles, n_tiles, ws_.y_slot, core::DType::kF32, H, stream_, nullptr,
+                                 ws_.sort_slot));
+  } else {
+    DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
   }
   for (int64_t e = 0; e < E && !grouped; ++e) {
     const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
@@ -1014,7 +1018,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
     DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
   }
-  DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
+  if (!grouped) DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   prof_.mark("moe shared expert", stream_);
   if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {

@@ -15,25 +15,38 @@ using gdn_mma::load_a;
 using gdn_mma::load_b_nk;
 
 constexpr int kBM = kGroupedTileRows, kBN = kGroupedTileCols, kBK = kGroupedTileK;
-constexpr int kThreads = 128;  // 2 x 2 warps, each 32 rows x 64 columns of the tile
-constexpr int kStages = 3;     // cp.async pipeline depth over K
+constexpr int kWarps = 4;  // warp w: all kBM rows x columns [64 w, 64 w + 64) of the tile
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWarpCols = kBN / kWarps;
+constexpr int kMT = kBM / 16, kNT = kWarpCols / 8;  // m16 and n8 tiles per warp
+constexpr int kStages = 3;                          // cp.async pipeline depth over K
 constexpr int kLds = kBK + 8;  // smem row stride (80 bytes: the eight rows of an ldmatrix in distinct banks)
+constexpr int kStageElems = (kBM + kBN) * kLds;
+constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElems * 2;
+static_assert(kWarpCols == 64 && kBM == 64, "a 64 x 64 warp tile: 32 mma per 16-wide k step, 8 ldmatrix");
+
+// Where x row r of a tile comes from, and where its output goes: the row itself, or through a map (the sorted
+// slots' tokens for gate/up, the slots for down).
+__device__ __forceinline__ int64_t mapped(const int* map, int row) {
+  return map ? map[row] : row;
+}
 
 // The tile's x rows and the expert's kBN weight rows (each clamped to the last one past `rows` / `cols`:
-// computed, never stored), columns [k0, k0 + kBK), into one pipeline stage. 16-byte pieces: 2 of x, 4 of W
-// per thread.
+// computed, never stored), columns [k0, k0 + kBK), into one pipeline stage. 16-byte pieces: 2 of x, 8 of W
+// per thread. a_row: the global row of each of this thread's x pieces.
 template <class WT>
-__device__ __forceinline__ void load_stage(WT* As, WT* Bs, const WT* A, const WT* B, int K, int rows,
-                                           int cols, int k0) {
+__device__ __forceinline__ void load_stage(WT* As, WT* Bs, const WT* x, const int64_t (&a_row)[2],
+                                           const WT* B, int K, int cols, int k0) {
   constexpr int kPer = 8;  // 16-bit values per piece
+  constexpr int kPieces = kBK / kPer;
 #pragma unroll
-  for (int i = 0; i < kBM * kBK / kPer / kThreads; ++i) {
-    const int p = threadIdx.x + i * kThreads, r = p / (kBK / kPer), c = (p % (kBK / kPer)) * kPer;
-    cp_async16(As + r * kLds + c, A + static_cast<int64_t>(min(r, rows - 1)) * K + k0 + c);
+  for (int i = 0; i < kBM * kPieces / kThreads; ++i) {
+    const int p = threadIdx.x + i * kThreads, r = p / kPieces, c = (p % kPieces) * kPer;
+    cp_async16(As + r * kLds + c, x + a_row[i] * K + k0 + c);
   }
 #pragma unroll
-  for (int i = 0; i < kBN * kBK / kPer / kThreads; ++i) {
-    const int p = threadIdx.x + i * kThreads, r = p / (kBK / kPer), c = (p % (kBK / kPer)) * kPer;
+  for (int i = 0; i < kBN * kPieces / kThreads; ++i) {
+    const int p = threadIdx.x + i * kThreads, r = p / kPieces, c = (p % kPieces) * kPer;
     cp_async16(Bs + r * kLds + c, B + static_cast<int64_t>(min(r, cols - 1)) * K + k0 + c);
   }
 }
@@ -41,47 +54,58 @@ __device__ __forceinline__ void load_stage(WT* As, WT* Bs, const WT* A, const WT
 template <class WT, class TO>
 __global__ void __launch_bounds__(kThreads)
     kernel_moe_grouped_gemm(const WT* __restrict__ W, int64_t w_stride, int N, int K,
-                            const WT* __restrict__ x, const GroupedTile* __restrict__ tiles,
-                            TO* __restrict__ y, int64_t ldy) {
-  __shared__ __align__(128) WT As[kStages][kBM * kLds];
-  __shared__ __align__(128) WT Bs[kStages][kBN * kLds];
+                            const WT* __restrict__ x, const int* __restrict__ x_rows,
+                            const GroupedTile* __restrict__ tiles, TO* __restrict__ y, int64_t ldy,
+                            const int* __restrict__ y_rows) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  WT* smem = reinterpret_cast<WT*>(smem_raw);
   const GroupedTile tile = tiles[blockIdx.x];
   const int n0 = blockIdx.y * kBN;
-  const WT* A = x + static_cast<int64_t>(tile.row0) * K;
   const WT* B = W + static_cast<int64_t>(tile.expert) * w_stride + static_cast<int64_t>(n0) * K;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nk = K / kBK, cols = N - n0;
-
-  float acc[2][8][4];
+  constexpr int kPieces = kBK / 8;
+  static_assert(kBM * kPieces / kThreads == 2, "two x pieces per thread");
+  int64_t a_row[2];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < 8; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+  for (int i = 0; i < 2; ++i) {
+    const int r = (threadIdx.x + i * kThreads) / kPieces;
+    a_row[i] = mapped(x_rows, tile.row0 + min(r, tile.rows - 1));
+  }
 
+  float acc[kMT][kNT][4];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNT; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+
+  auto stage_a = [&](int s) { return smem + s * kStageElems; };
+  auto stage_b = [&](int s) { return smem + s * kStageElems + kBM * kLds; };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) load_stage(As[s], Bs[s], A, B, K, tile.rows, cols, s * kBK);
+    if (s < nk) load_stage(stage_a(s), stage_b(s), x, a_row, B, K, cols, s * kBK);
     cp_async_commit();
   }
   for (int kt = 0; kt < nk; ++kt) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage kt is in; every warp is done with the stage the next load overwrites
     const int next = kt + kStages - 1;
-    if (next < nk) load_stage(As[next % kStages], Bs[next % kStages], A, B, K, tile.rows, cols, next * kBK);
+    if (next < nk)
+      load_stage(stage_a(next % kStages), stage_b(next % kStages), x, a_row, B, K, cols, next * kBK);
     cp_async_commit();
-    const bf16* as = reinterpret_cast<const bf16*>(As[kt % kStages]);
-    const bf16* bs = reinterpret_cast<const bf16*>(Bs[kt % kStages]);
+    const bf16* as = reinterpret_cast<const bf16*>(stage_a(kt % kStages));
+    const bf16* bs = reinterpret_cast<const bf16*>(stage_b(kt % kStages));
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t af[2][4];
+      uint32_t af[kMT][4];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) load_a(af[mi], as, kLds, wm * 32 + mi * 16, kk);
+      for (int mi = 0; mi < kMT; ++mi) load_a(af[mi], as, kLds, mi * 16, kk);
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
+      for (int np = 0; np < kNT / 2; ++np) {
         uint32_t b[4];
-        load_b_nk(b, bs, kLds, kk, wn * 64 + np * 16);
+        load_b_nk(b, bs, kLds, kk, warp * kWarpCols + np * 16);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
+        for (int mi = 0; mi < kMT; ++mi) {
           mma_m16n8k16<WT>(acc[mi][2 * np], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b[0], b[1]);
           mma_m16n8k16<WT>(acc[mi][2 * np + 1], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b[2], b[3]);
         }
@@ -91,16 +115,16 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<0>();
 
   const int g = lane >> 2, t4 = lane & 3;
+  const int c0 = warp * kWarpCols + 2 * t4;  // this thread's first column in the tile; N is even
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+  for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = wm * 32 + mi * 16 + g + 8 * h;
+      const int r = mi * 16 + g + 8 * h;
       if (r >= tile.rows) continue;
-      const int c0 = wn * 64 + 2 * t4;  // this thread's first column in the tile; N is even
-      TO* yr = y + static_cast<int64_t>(tile.row0 + r) * ldy + n0 + c0;
+      TO* yr = y + mapped(y_rows, tile.row0 + r) * ldy + n0 + c0;
 #pragma unroll
-      for (int ni = 0; ni < 8; ++ni) {
+      for (int ni = 0; ni < kNT; ++ni) {
         if (c0 + ni * 8 >= cols) break;
         const float v[2] = {acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]};
         store_vals<2>(yr + ni * 8, v);
@@ -109,20 +133,27 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class WT, class TO>
-cudaError_t launch_typed(const void* W, int64_t w_stride, int N, int K, const void* x,
-                         const GroupedTile* tiles, int n_tiles, void* y, int64_t ldy, cudaStream_t stream) {
+cudaError_t launch_typed(const void* W, int64_t w_stride, int N, int K, const void* x, const int* x_rows,
+                         const GroupedTile* tiles, int n_tiles, void* y, int64_t ldy, const int* y_rows,
+                         cudaStream_t stream) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel_moe_grouped_gemm<WT, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kSmemBytes));
+  if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((N + kBN - 1) / kBN));
-  kernel_moe_grouped_gemm<WT, TO><<<grid, kThreads, 0, stream>>>(
-      static_cast<const WT*>(W), w_stride, N, K, static_cast<const WT*>(x), tiles, static_cast<TO*>(y), ldy);
+  kernel_moe_grouped_gemm<WT, TO><<<grid, kThreads, kSmemBytes, stream>>>(
+      static_cast<const WT*>(W), w_stride, N, K, static_cast<const WT*>(x), x_rows, tiles,
+      static_cast<TO*>(y), ldy, y_rows);
   return cudaGetLastError();
 }
 
 template <class WT>
-cudaError_t launch_out(const void* W, int64_t w_stride, int N, int K, const void* x, const GroupedTile* tiles,
-                       int n_tiles, void* y, core::DType ytype, int64_t ldy, cudaStream_t stream) {
+cudaError_t launch_out(const void* W, int64_t w_stride, int N, int K, const void* x, const int* x_rows,
+                       const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
+                       const int* y_rows, cudaStream_t stream) {
   if (ytype == core::DType::kF32)
-    return launch_typed<WT, float>(W, w_stride, N, K, x, tiles, n_tiles, y, ldy, stream);
-  return launch_typed<WT, WT>(W, w_stride, N, K, x, tiles, n_tiles, y, ldy, stream);
+    return launch_typed<WT, float>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
+  return launch_typed<WT, WT>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
 }
 
 }  // namespace
@@ -148,15 +179,16 @@ bool moe_grouped_supported(core::DType wtype, int N, int K) {
 
 cudaError_t moe_grouped_gemm(const void* W, core::DType wtype, int64_t w_stride, int N, int K, const void* x,
                              const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const int* x_rows, const int* y_rows) {
   if (!moe_grouped_supported(wtype, N, K) || (ytype != core::DType::kF32 && ytype != wtype) ||
       !aligned16(W) || !aligned16(x) || w_stride % 8 != 0 || ldy % 2 != 0 ||
       reinterpret_cast<uintptr_t>(y) % (ytype == core::DType::kF32 ? 8 : 4) != 0 || n_tiles < 0)
     return cudaErrorInvalidValue;
   if (n_tiles == 0) return cudaSuccess;
   if (wtype == core::DType::kBF16)
-    return launch_out<__nv_bfloat16>(W, w_stride, N, K, x, tiles, n_tiles, y, ytype, ldy, stream);
-  return launch_out<__half>(W, w_stride, N, K, x, tiles, n_tiles, y, ytype, ldy, stream);
+    return launch_out<__nv_bfloat16>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ytype, ldy, y_rows,
+                                     stream);
+  return launch_out<__half>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ytype, ldy, y_rows, stream);
 }
 
 }  // namespace deltaflow::backend::cuda

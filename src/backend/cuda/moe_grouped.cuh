@@ -1,6 +1,8 @@
 // The MoE block's expert matmuls at prefill as one grouped GEMM (qwen35-architecture.md §2.5): the (token,
 // expert) rows sorted by expert form one segment per expert, and every 64-row tile of every segment meets its
-// own expert's weights in the same launch (tensor cores, bf16 or f16 operands, fp32 accumulation).
+// own expert's weights in the same launch (tensor cores, bf16 or f16 operands, fp32 accumulation). A block
+// takes 64 rows x 256 columns, four warps of 64 x 64 (measured: 64 x 128 blocks of four 32 x 64 warps kept
+// the tensor pipe 23% busy at the 35B-A3B shapes).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +14,7 @@
 namespace deltaflow::backend::cuda {
 
 inline constexpr int kGroupedTileRows = 64;   // rows of x per tile
-inline constexpr int kGroupedTileCols = 128;  // output columns per block
+inline constexpr int kGroupedTileCols = 256;  // output columns per block
 inline constexpr int kGroupedTileK = 32;
 
 // One tile: rows [row0, row0 + rows) of x (rows <= kGroupedTileRows), all of expert `expert`.
@@ -25,12 +27,13 @@ struct GroupedTile {
 int grouped_tiles(const int64_t* counts, int E, GroupedTile* out, int max_tiles);
 
 // For each tile and each column n < N: y[r, n] = sum_k x[r, k] * W_e[n, k] over the tile's rows r, with
-// W_e = W + e * w_stride ([N, K] row-major, wtype BF16 or F16), x [rows, K] packed in wtype, y [rows, ldy]
-// in fp32 or wtype. tiles: device array. N even, K % kGroupedTileK == 0, 16-byte aligned W, x (and
-// w_stride) or cudaErrorInvalidValue.
+// W_e = W + e * w_stride ([N, K] row-major, wtype BF16 or F16), x [., K] packed in wtype, y [., ldy] in fp32
+// or wtype. Row r of x is x_rows[r] when x_rows is set (a gather: the sorted slots' tokens), and its output
+// row y_rows[r] when that is set (a scatter back to the slots). tiles: device array. N even,
+// K % kGroupedTileK == 0, 16-byte aligned W, x (and w_stride) or cudaErrorInvalidValue.
 cudaError_t moe_grouped_gemm(const void* W, core::DType wtype, int64_t w_stride, int N, int K, const void* x,
                              const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
-                             cudaStream_t stream);
+                             cudaStream_t stream, const int* x_rows = nullptr, const int* y_rows = nullptr);
 
 // Whether moe_grouped_gemm takes these shapes.
 bool moe_grouped_supported(core::DType wtype, int N, int K);
