@@ -15,7 +15,7 @@ namespace deltaflow::backend::cuda {
 
 inline constexpr int kGroupedTileRows = 64;   // rows of x per tile
 inline constexpr int kGroupedTileCols = 256;  // output columns per block
-inline constexpr int kGroupedTileK = 32;
+inline constexpr int kGroupedTileK = 32;      // K granularity taken (64-wide k stages when K % 64 == 0)
 
 // One tile: rows [row0, row0 + rows) of x (rows <= kGroupedTileRows), all of expert `expert`.
 struct GroupedTile {
