@@ -21,6 +21,7 @@
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/moe_grouped.cuh"
 #include "backend/cuda/moe_router.cuh"
+#include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
@@ -535,7 +536,7 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.slot, R);
   i(ws_.out_ids, kGemvMaxRows);
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
-  i(ws_.moe_tiles, std::max<int64_t>(3 * moe_tile_room_, 1));
+  i(ws_.moe_tiles, E ? 3 * moe_tile_room_ + moe_sort_scratch_ints(E) : 1);  // tiles, then the sort's scratch
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
@@ -556,10 +557,10 @@ core::Status CudaBackend::plan_memory() {
     *b.p = static_cast<uint8_t*>(ws_mem_) + off;
     off += b.bytes;
   }
-  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK][moe tiles].
+  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK] (the last
+  // three for the host-sorted MoE path).
   static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
-  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
-                            static_cast<size_t>(3 * R + 32 + 3 * RK + 3 * moe_tile_room_) * 4,
+  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), static_cast<size_t>(3 * R + 32 + 3 * RK) * 4,
                             cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
@@ -946,79 +947,77 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     return core::Status();
   }
   prof_.mark("moe experts", stream_);
-  // Prefill: sort the (token, k) slots by expert on the host, then the grouped expert GEMMs (or, in exact
-  // mode and for shapes they do not take, one matmul per expert over its rows).
-  const int64_t R = max_rows_, RK = R * K;
-  int* p_tok = pinned_ + 3 * R + 32;
-  int* p_slot = p_tok + RK;
-  int* p_ids = p_slot + RK;
-  DF_CUDA_TRY(
-      cudaMemcpyAsync(p_ids, ws_.moe_ids, static_cast<size_t>(nk) * 4, cudaMemcpyDeviceToHost, stream_));
-  DF_CUDA_TRY(cudaStreamSynchronize(stream_));
-  std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
-  for (int64_t s = 0; s < nk; ++s) {
-    if (p_ids[s] < 0 || p_ids[s] >= E) return core::Error{"cuda backend: router produced an invalid expert"};
-    ++count[static_cast<size_t>(p_ids[s]) + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];
-  std::vector<int64_t> fill(count.begin(), count.end() - 1);
-  for (int64_t s = 0; s < nk; ++s) {
-    const int64_t at = fill[static_cast<size_t>(p_ids[s])]++;
-    p_slot[at] = static_cast<int>(s);
-    p_tok[at] = static_cast<int>(s / K);
-  }
-  DF_CUDA_TRY(
-      cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
-  DF_CUDA_TRY(
-      cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
   const core::DType dt = L.experts_gu.dtype;
   const bool grouped = !opt_.exact && dt == L.experts_down.dtype &&
                        moe_grouped_supported(dt, static_cast<int>(2 * Im), static_cast<int>(H)) &&
                        moe_grouped_supported(dt, static_cast<int>(H), static_cast<int>(Im)) &&
                        static_cast<size_t>(nk * std::max(H, Im)) <= ws_.x16_elems;
   if (grouped) {
-    // One grouped GEMM per projection over every expert's rows (moe_grouped.cuh), in the weights' 16-bit
+    // The slots sorted by expert and the tile list built on the device (moe_sort.cuh: no host sync), then
+    // one grouped GEMM per projection over every expert's rows (moe_grouped.cuh), in the weights' 16-bit
     // type end to end as the dense MLP's prefill: gate_up -> 16-bit, SwiGLU 16 -> 16 into down's input.
     // gate_up reads each slot's token row through sort_tok and down writes each slot's row through
-    // sort_slot: no gathered copy of x, no scatter of y.
-    std::vector<int64_t> per(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e)
-      per[static_cast<size_t>(e)] = count[static_cast<size_t>(e) + 1] - count[static_cast<size_t>(e)];
-    auto* p_tiles = reinterpret_cast<GroupedTile*>(p_ids + RK);
-    const int n_tiles =
-        grouped_tiles(per.data(), static_cast<int>(E), p_tiles, static_cast<int>(moe_tile_room_));
-    if (n_tiles < 0) return core::Error{"cuda backend: internal: MoE tile list overflow"};
-    DF_CUDA_TRY(cudaMemcpyAsync(ws_.moe_tiles, p_tiles, static_cast<size_t>(n_tiles) * sizeof(GroupedTile),
-                                cudaMemcpyHostToDevice, stream_));
-    const auto* tiles = reinterpret_cast<const GroupedTile*>(ws_.moe_tiles);
+    // sort_slot: no gathered copy of x, no scatter of y. The GEMM grids are sized for the most tiles.
+    auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
+    int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
+    int* n_live = scratch + 2 * E;
+    const int room = static_cast<int>(moe_tile_room_);
+    DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
+                                   ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));
     x16_holds_ = {};
     DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_gu.data, dt, 2 * Im * H, static_cast<int>(2 * Im),
-                                 static_cast<int>(H), ws_.x16, tiles, n_tiles, ws_.gu_s, dt, 2 * Im, stream_,
-                                 ws_.sort_tok, nullptr));
+                                 static_cast<int>(H), ws_.x16, tiles, room, ws_.gu_s, dt, 2 * Im, stream_,
+                                 ws_.sort_tok, nullptr, n_live));
     DF_CUDA_TRY(swiglu(ws_.gu_s, dt, 2 * Im, nk, Im, ws_.x16, dt, Im, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_down.data, dt, H * Im, static_cast<int>(H), static_cast<int>(Im),
-                                 ws_.x16, tiles, n_tiles, ws_.y_slot, core::DType::kF32, H, stream_, nullptr,
-                                 ws_.sort_slot));
+                                 ws_.x16, tiles, room, ws_.y_slot, core::DType::kF32, H, stream_, nullptr,
+                                 ws_.sort_slot, n_live));
   } else {
+    // Exact mode and shapes the grouped GEMM does not take: sort on the host, then one matmul per expert over
+    // its rows.
+    const int64_t R = max_rows_, RK = R * K;
+    int* p_tok = pinned_ + 3 * R + 32;
+    int* p_slot = p_tok + RK;
+    int* p_ids = p_slot + RK;
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(p_ids, ws_.moe_ids, static_cast<size_t>(nk) * 4, cudaMemcpyDeviceToHost, stream_));
+    DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+    std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
+    for (int64_t s = 0; s < nk; ++s) {
+      if (p_ids[s] < 0 || p_ids[s] >= E)
+        return core::Error{"cuda backend: router produced an invalid expert"};
+      ++count[static_cast<size_t>(p_ids[s]) + 1];
+    }
+    for (int64_t e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];
+    std::vector<int64_t> fill(count.begin(), count.end() - 1);
+    for (int64_t s = 0; s < nk; ++s) {
+      const int64_t at = fill[static_cast<size_t>(p_ids[s])]++;
+      p_slot[at] = static_cast<int>(s);
+      p_tok[at] = static_cast<int>(s / K);
+    }
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.sort_tok, p_tok, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(
+        cudaMemcpyAsync(ws_.sort_slot, p_slot, static_cast<size_t>(nk) * 4, cudaMemcpyHostToDevice, stream_));
     DF_CUDA_TRY(gather_rows(ws_.xn, H, ws_.sort_tok, nk, H, ws_.xs, H, stream_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+      if (cnt == 0) continue;
+      DMat gu = L.experts_gu;
+      gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
+      DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
+    }
+    DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
+      if (cnt == 0) continue;
+      DMat dn = L.experts_down;
+      dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
+      DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
+    }
+    DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   }
-  for (int64_t e = 0; e < E && !grouped; ++e) {
-    const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
-    if (cnt == 0) continue;
-    DMat gu = L.experts_gu;
-    gu.data = static_cast<const uint8_t*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es;
-    DF_TRY(linear(ws_.xs + off * H, H, cnt, gu, ws_.gu_s + off * 2 * Im, 2 * Im));
-  }
-  if (!grouped) DF_CUDA_TRY(swiglu(ws_.gu_s, 2 * Im, nk, Im, ws_.act_s, Im, stream_));
-  for (int64_t e = 0; e < E && !grouped; ++e) {
-    const int64_t off = count[static_cast<size_t>(e)], cnt = count[static_cast<size_t>(e) + 1] - off;
-    if (cnt == 0) continue;
-    DMat dn = L.experts_down;
-    dn.data = static_cast<const uint8_t*>(dn.data) + static_cast<size_t>(e * H * Im) * es;
-    DF_TRY(linear(ws_.act_s + off * Im, Im, cnt, dn, ws_.ys + off * H, H));
-  }
-  if (!grouped) DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   prof_.mark("moe shared expert", stream_);
   if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {

@@ -238,9 +238,8 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
     core::DType type = core::DType::kBF16;
   } x16_holds_;
-  int64_t max_rows_ = 0;
-  int64_t moe_tile_room_ = 0;  // GroupedTile entries ws_.moe_tiles and the pinned staging hold  // tokens one
-                               // forward takes (prefill chunk, or a decode bucket)
+  int64_t max_rows_ = 0;       // tokens one forward takes (prefill chunk, or a decode bucket)
+  int64_t moe_tile_room_ = 0;  // GroupedTile entries ws_.moe_tiles holds (the sort's scratch after them)
   int max_splits_ = 1;
 
   // Pinned staging: ids, positions and slots of a step (3 x max_rows_ ints), MoE sort order, sampled ids.

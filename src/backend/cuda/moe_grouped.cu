@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(kThreads)
     kernel_moe_grouped_gemm(const WT* __restrict__ W, int64_t w_stride, int N, int K,
                             const WT* __restrict__ x, const int* __restrict__ x_rows,
                             const GroupedTile* __restrict__ tiles, TO* __restrict__ y, int64_t ldy,
-                            const int* __restrict__ y_rows) {
+                            const int* __restrict__ y_rows, const int* __restrict__ n_live) {
+  if (n_live && static_cast<int>(blockIdx.x) >= *n_live) return;  // a grid sized for the most tiles
   extern __shared__ __align__(128) unsigned char smem_raw[];
   WT* smem = reinterpret_cast<WT*>(smem_raw);
   const GroupedTile tile = tiles[blockIdx.x];
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class WT, class TO, int BK, int ST>
 cudaError_t launch_pipe(const void* W, int64_t w_stride, int N, int K, const void* x, const int* x_rows,
                         const GroupedTile* tiles, int n_tiles, void* y, int64_t ldy, const int* y_rows,
-                        cudaStream_t stream) {
+                        const int* n_live, cudaStream_t stream) {
   constexpr size_t bytes = Pipe<BK, ST>::kSmemBytes;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel_moe_grouped_gemm<WT, TO, BK, ST>,
@@ -148,28 +149,31 @@ cudaError_t launch_pipe(const void* W, int64_t w_stride, int N, int K, const voi
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>((N + kBN - 1) / kBN));
   kernel_moe_grouped_gemm<WT, TO, BK, ST><<<grid, kThreads, bytes, stream>>>(
       static_cast<const WT*>(W), w_stride, N, K, static_cast<const WT*>(x), x_rows, tiles,
-      static_cast<TO*>(y), ldy, y_rows);
+      static_cast<TO*>(y), ldy, y_rows, n_live);
   return cudaGetLastError();
 }
 
 template <class WT, class TO>
 cudaError_t launch_typed(const void* W, int64_t w_stride, int N, int K, const void* x, const int* x_rows,
                          const GroupedTile* tiles, int n_tiles, void* y, int64_t ldy, const int* y_rows,
-                         cudaStream_t stream) {
+                         const int* n_live, cudaStream_t stream) {
   // 64-wide k stages, two of them, where K allows (35B-A3B, H200: gate_up + down 'moe experts' 132 -> 116 ms
   // of an 8K prefill against 32 x 3; 32 x 4 no better, 32 x 2 worse).
   if (K % 64 == 0)
-    return launch_pipe<WT, TO, 64, 2>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
-  return launch_pipe<WT, TO, 32, 3>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
+    return launch_pipe<WT, TO, 64, 2>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, n_live,
+                                      stream);
+  return launch_pipe<WT, TO, 32, 3>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, n_live,
+                                    stream);
 }
 
 template <class WT>
 cudaError_t launch_out(const void* W, int64_t w_stride, int N, int K, const void* x, const int* x_rows,
                        const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
-                       const int* y_rows, cudaStream_t stream) {
+                       const int* y_rows, const int* n_live, cudaStream_t stream) {
   if (ytype == core::DType::kF32)
-    return launch_typed<WT, float>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
-  return launch_typed<WT, WT>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, stream);
+    return launch_typed<WT, float>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, n_live,
+                                   stream);
+  return launch_typed<WT, WT>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ldy, y_rows, n_live, stream);
 }
 
 }  // namespace
@@ -195,7 +199,7 @@ bool moe_grouped_supported(core::DType wtype, int N, int K) {
 
 cudaError_t moe_grouped_gemm(const void* W, core::DType wtype, int64_t w_stride, int N, int K, const void* x,
                              const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
-                             cudaStream_t stream, const int* x_rows, const int* y_rows) {
+                             cudaStream_t stream, const int* x_rows, const int* y_rows, const int* n_live) {
   if (!moe_grouped_supported(wtype, N, K) || (ytype != core::DType::kF32 && ytype != wtype) ||
       !aligned16(W) || !aligned16(x) || w_stride % 8 != 0 || ldy % 2 != 0 ||
       reinterpret_cast<uintptr_t>(y) % (ytype == core::DType::kF32 ? 8 : 4) != 0 || n_tiles < 0)
@@ -203,8 +207,9 @@ cudaError_t moe_grouped_gemm(const void* W, core::DType wtype, int64_t w_stride,
   if (n_tiles == 0) return cudaSuccess;
   if (wtype == core::DType::kBF16)
     return launch_out<__nv_bfloat16>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ytype, ldy, y_rows,
-                                     stream);
-  return launch_out<__half>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ytype, ldy, y_rows, stream);
+                                     n_live, stream);
+  return launch_out<__half>(W, w_stride, N, K, x, x_rows, tiles, n_tiles, y, ytype, ldy, y_rows, n_live,
+                            stream);
 }
 
 }  // namespace deltaflow::backend::cuda

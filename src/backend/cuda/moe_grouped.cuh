@@ -29,11 +29,13 @@ int grouped_tiles(const int64_t* counts, int E, GroupedTile* out, int max_tiles)
 // For each tile and each column n < N: y[r, n] = sum_k x[r, k] * W_e[n, k] over the tile's rows r, with
 // W_e = W + e * w_stride ([N, K] row-major, wtype BF16 or F16), x [., K] packed in wtype, y [., ldy] in fp32
 // or wtype. Row r of x is x_rows[r] when x_rows is set (a gather: the sorted slots' tokens), and its output
-// row y_rows[r] when that is set (a scatter back to the slots). tiles: device array. N even,
-// K % kGroupedTileK == 0, 16-byte aligned W, x (and w_stride) or cudaErrorInvalidValue.
+// row y_rows[r] when that is set (a scatter back to the slots). tiles: device array. With n_live (device)
+// set, the grid is sized for n_tiles and only tiles [0, *n_live) run (a tile list built on the device). N
+// even, K % kGroupedTileK == 0, 16-byte aligned W, x (and w_stride) or cudaErrorInvalidValue.
 cudaError_t moe_grouped_gemm(const void* W, core::DType wtype, int64_t w_stride, int N, int K, const void* x,
                              const GroupedTile* tiles, int n_tiles, void* y, core::DType ytype, int64_t ldy,
-                             cudaStream_t stream, const int* x_rows = nullptr, const int* y_rows = nullptr);
+                             cudaStream_t stream, const int* x_rows = nullptr, const int* y_rows = nullptr,
+                             const int* n_live = nullptr);
 
 // Whether moe_grouped_gemm takes these shapes.
 bool moe_grouped_supported(core::DType wtype, int N, int K);
