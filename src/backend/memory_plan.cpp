@@ -122,7 +122,7 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
   const int64_t part = std::max(R * nh * hd, kGemvMaxRows * nh * max_splits * hd);
   const int64_t part_ml = std::max(R * nh * 2, kGemvMaxRows * nh * max_splits * 2);
-  // The grouped expert GEMM's tile list, then the device-side expert sort's scratch (2E + 1 ints).
+  // The grouped expert GEMM's tile list, then the device-side expert sort's scratch (2E ints) and live count.
   const int64_t moe_tiles = E ? 3 * (RK / kGroupedTileRows + E + 1) + 2 * E + 1 : 1;
   const std::vector<int64_t> words = {R * H,
                                       R * H,

@@ -536,7 +536,8 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.slot, R);
   i(ws_.out_ids, kGemvMaxRows);
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
-  i(ws_.moe_tiles, E ? 3 * moe_tile_room_ + moe_sort_scratch_ints(E) : 1);  // tiles, then the sort's scratch
+  // The tile list, then the expert sort's scratch and the live tile count it writes.
+  i(ws_.moe_tiles, E ? 3 * moe_tile_room_ + moe_sort_scratch_ints(E) + 1 : 1);
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
@@ -960,7 +961,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     // sort_slot: no gathered copy of x, no scatter of y. The GEMM grids are sized for the most tiles.
     auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
     int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
-    int* n_live = scratch + 2 * E;
+    int* n_live = scratch + moe_sort_scratch_ints(E);
     const int room = static_cast<int>(moe_tile_room_);
     DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
                                    ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));

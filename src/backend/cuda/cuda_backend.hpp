@@ -223,7 +223,9 @@ class CudaBackend final : public Backend {
     float *router = nullptr, *moe_w = nullptr, *gu_s = nullptr, *act_s = nullptr, *y_slot = nullptr;
     float *xs = nullptr, *ys = nullptr, *y_shared = nullptr, *shared_gate = nullptr, *logits = nullptr;
     int *moe_ids = nullptr, *sort_tok = nullptr, *sort_slot = nullptr;
-    int* moe_tiles = nullptr;  // the grouped expert GEMM's tile list (GroupedTile, 3 ints each)
+    // The grouped GEMM's tiles (GroupedTile, 3 ints each), then the expert sort's scratch and live tile
+    // count.
+    int* moe_tiles = nullptr;
     int *ids = nullptr, *pos = nullptr, *slot = nullptr, *out_ids = nullptr;
     void* x16 = nullptr;
     size_t x16_elems = 0;

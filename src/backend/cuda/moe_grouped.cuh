@@ -23,7 +23,8 @@ struct GroupedTile {
 };
 
 // Tiles of the segments of `counts` (rows of expert e are [sum counts[<e], + counts[e])), written to `out`
-// (room for at most max_tiles); returns how many, or -1 when they do not fit.
+// (room for at most max_tiles); returns how many, or -1 when they do not fit. The host's definition of the
+// list moe_sort_by_expert (moe_sort.cuh) builds on the device; the tests hold that one to it.
 int grouped_tiles(const int64_t* counts, int E, GroupedTile* out, int max_tiles);
 
 // For each tile and each column n < N: y[r, n] = sum_k x[r, k] * W_e[n, k] over the tile's rows r, with

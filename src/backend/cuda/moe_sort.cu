@@ -9,6 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kPlanThreads = 1024;
+constexpr int kMaxCountBlocks = 528;  // the histogram's grid strides past this: each block flushes E bins
 static_assert(kMaxExperts <= kPlanThreads, "the plan block gives each expert a thread");
 
 __device__ __forceinline__ int clamped(int e, int E) {
@@ -78,7 +79,8 @@ cudaError_t moe_sort_by_expert(const int* ids, int64_t nk, int K, int E, int* sc
   if (const cudaError_t e = cudaMemsetAsync(counts, 0, static_cast<size_t>(E) * 4, stream); e != cudaSuccess)
     return e;
   if (nk > 0) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((nk + kThreads - 1) / kThreads, 132 * 4));
+    const unsigned blocks =
+        static_cast<unsigned>(std::min<int64_t>((nk + kThreads - 1) / kThreads, kMaxCountBlocks));
     kernel_moe_count<<<blocks, kThreads, static_cast<size_t>(E) * 4, stream>>>(ids, nk, E, counts);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }

@@ -20,14 +20,14 @@
 
 namespace deltaflow::backend::cuda {
 
-// Scratch ints moe_sort_by_expert needs for E experts.
+// Scratch ints moe_sort_by_expert needs for E experts: the counts, then each segment's next position.
 inline constexpr int64_t moe_sort_scratch_ints(int64_t E) {
-  return 2 * E + 1;
+  return 2 * E;
 }
 
 // ids: [nk] expert of slot s (token s / K). Writes sort_slot[p] and sort_tok[p] = sort_slot[p] / K for the
-// nk positions (segments in expert order), tiles[0, n) and *n_tiles = n (max_tiles >= nk / 64 + E suffices).
-// scratch: moe_sort_scratch_ints(E) ints. E <= kMaxExperts (moe.cuh), nk < 2^31.
+// nk positions (segments in expert order), tiles[0, n) and *n_tiles = n (device; max_tiles >= nk / 64 + E
+// suffices). scratch: moe_sort_scratch_ints(E) ints. E <= kMaxExperts (moe.cuh), nk < 2^31.
 cudaError_t moe_sort_by_expert(const int* ids, int64_t nk, int K, int E, int* scratch, int* sort_slot,
                                int* sort_tok, GroupedTile* tiles, int max_tiles, int* n_tiles,
                                cudaStream_t stream);
