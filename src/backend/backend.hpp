@@ -1,10 +1,11 @@
-// The one seam between the engine and the compute backends (DESIGN.md §2-3): two entry points, prefill and
-// decode, over several sequences at once. A backend owns the weights it runs and the per-sequence state it
-// creates.
+// The one seam between the engine and the compute backends (docs/architecture.md §3): a step over a ragged
+// batch. The engine owns every sequence's memory: it hands each sequence a recurrent-state slot and the KV
+// pages of its full-attention layers out of pools the backend allocated once, at load, and names them in each
+// step. A step carries decode rows (one token of a sequence) and prefill chunks (many tokens of one sequence)
+// together, each with its start position.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,17 +15,9 @@
 
 namespace deltaflow::backend {
 
-// Per-sequence state: the KV cache of the full-attention layers, and the conv + fp32 Gated DeltaNet state of
-// the linear layers. Opaque to the engine; each backend defines its own.
-class SequenceState {
- public:
-  virtual ~SequenceState() = default;
-  virtual int64_t length() const = 0;  // tokens consumed so far
-};
-
-// How one row's next token is drawn when the backend samples where the logits are (DESIGN.md §5): the
-// engine's SamplingParams plus the penalty history, with the same meanings as engine::Sampler (the
-// reference). `seed` and `step` key a counter-based generator, so the same seed gives the same tokens.
+// How one sequence's next token is drawn (DESIGN.md §5; host reference: backend/host_sampling.hpp). `seed`
+// and `step` key the counter-based draw (core/philox.hpp), so the same seed gives the same tokens alone or
+// in a batch.
 struct TokenCount {
   int32_t id = 0;
   int32_t count = 0;  // times generated
@@ -49,10 +42,65 @@ struct SamplingSpec {
   bool is_plain_greedy() const { return temperature <= 0.0f && !has_penalties(); }
 };
 
-struct PrefillItem {
-  SequenceState* state = nullptr;
-  std::span<const int32_t> tokens;  // appended after the tokens the state already holds
-  bool all_logits = false;          // logits for every token (teacher forcing) instead of the last only
+// What the engine asks a backend to allocate (one memory plan, at load).
+struct PoolRequest {
+  int64_t kv_pages = 0;       // KV pages of all full-attention layers together (a page: page_size positions)
+  int32_t state_slots = 0;    // conv + Gated DeltaNet states: running sequences and prefix checkpoints
+  int64_t max_step_rows = 0;  // tokens one step may carry
+  int32_t max_step_seqs = 0;  // sequences one step may carry
+};
+
+// What a backend allocated.
+struct Pools {
+  int32_t page_size = 16;  // positions per KV page (a power of two)
+  int64_t kv_pages = 0;
+  int32_t state_slots = 0;
+  int64_t max_step_rows = 0;
+  int32_t max_step_seqs = 0;
+  int64_t max_context = 0;  // positions one sequence may hold
+  // Whether KV lives in the engine's pages (shared by reference between sequences, copied by copy_pages) and
+  // states can be copied between slots. False for a backend that keeps each sequence's KV with its state slot
+  // (no prefix cache there).
+  bool paged = true;
+  size_t page_bytes = 0;  // one KV page of every full-attention layer (keys and values)
+  size_t slot_bytes = 0;  // one state slot of every linear-attention layer
+};
+
+// Which logits rows of a run come back.
+enum class RunLogits : uint8_t { kNone, kLast, kAll };
+
+// After the first `rows` rows of its run, the sequence's recurrent state is also written to `slot` (a prefix
+// checkpoint, or a speculative rollback point).
+struct StateSnapshot {
+  int32_t rows = 0;
+  int32_t slot = -1;
+};
+
+// One sequence's rows in a step: tokens[first_row, first_row + n_rows) at positions start_pos + i.
+struct SeqRun {
+  int32_t first_row = 0, n_rows = 0;
+  int64_t start_pos = 0;  // tokens the sequence's state and KV already hold; 0 starts from a zero state
+  int32_t state_slot = -1;
+  // Block table: page i holds positions [i * page_size, (i + 1) * page_size); it covers start_pos + n_rows.
+  std::span<const int32_t> kv_pages;
+  RunLogits logits = RunLogits::kLast;
+  const SamplingSpec* sample = nullptr;      // draw the token after the run's last row
+  std::span<const StateSnapshot> snapshots;  // ascending rows, each in [1, n_rows]
+};
+
+struct Step {
+  std::span<const int32_t> tokens;
+  std::span<const SeqRun> runs;
+};
+
+struct StepOut {
+  // Rows in run order: n_rows for kAll, 1 for kLast, none for kNone; each vocab_size floats.
+  std::vector<float> logits;
+  std::vector<int32_t> sampled;  // one per run: the drawn id, or -1 where the run had no SamplingSpec
+};
+
+struct PageCopy {
+  int32_t from = 0, to = 0;
 };
 
 class Backend {
@@ -61,31 +109,22 @@ class Backend {
   virtual const model::TextConfig& config() const = 0;
   virtual const char* name() const = 0;
 
-  virtual std::unique_ptr<SequenceState> new_sequence() = 0;
+  // Bytes one KV page and one state slot take here, so the engine can size its request.
+  virtual int32_t page_size() const = 0;
+  virtual size_t page_bytes() const = 0;
+  virtual size_t slot_bytes() const = 0;
+  // Allocates the pools (once; a second call replaces them). Nothing is allocated per step after this.
+  virtual core::Status allocate(const PoolRequest& request) = 0;
+  virtual const Pools& pools() const = 0;
 
-  // Runs each item's tokens (chunked Gated DeltaNet, attention over the whole prompt). `logits` receives, in
-  // item order, one row of vocab_size floats per requested position.
-  virtual core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) = 0;
+  // Runs the step. Every run's slot and pages must be distinct from the others' (pages shared by reference
+  // are read only below start_pos).
+  virtual core::Status step(const Step& step, StepOut& out) = 0;
 
-  // One token per sequence (recurrent Gated DeltaNet step, attention over the cache). logits: [n, vocab].
-  virtual core::Status decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                              std::vector<float>& logits) = 0;
-
-  // Sampling on the backend, so that no logits cross to the host. A backend that returns true implements
-  // both calls below; otherwise the engine runs decode and its host Sampler.
-  virtual bool can_sample() const { return false; }
-  // decode, then ids[i] = a draw from sequence i's next-token logits under specs[i].
-  virtual core::Status decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                                     std::span<const SamplingSpec> specs, std::vector<int32_t>& ids) {
-    (void)seqs, (void)tokens, (void)specs, (void)ids;
-    return core::Error{std::string(name()) + " backend: no sampling on the backend"};
-  }
-  // ids[i] = a draw from row i of host logits [specs.size(), vocab] (the token after a prefill).
-  virtual core::Status sample_logits(std::span<const float> logits, std::span<const SamplingSpec> specs,
-                                     std::vector<int32_t>& ids) {
-    (void)logits, (void)specs, (void)ids;
-    return core::Error{std::string(name()) + " backend: no sampling on the backend"};
-  }
+  // Copies a recurrent state (prefix checkpoints), and whole KV pages (copy on write of a shared partial
+  // page).
+  virtual core::Status copy_state(int32_t from_slot, int32_t to_slot) = 0;
+  virtual core::Status copy_pages(std::span<const PageCopy> copies) = 0;
 };
 
 }  // namespace deltaflow::backend

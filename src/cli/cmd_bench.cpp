@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/args.hpp"
+#include "cli/bench_cuda.hpp"
 #include "cli/commands.hpp"
 #include "model/config.hpp"
 
@@ -132,6 +133,72 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// Parameter counts (elements) of the matmuls one token meets.
+struct ModelCounts {
+  double dense =
+      0;  // non-expert matmul weights of all layers (attention, DeltaNet, dense FFN, router, shared)
+  double expert = 0;      // one routed expert of one layer (gate + up + down)
+  double moe_layers = 0;  // layers with routed experts
+  double lm_head = 0;
+  double kv_per_token = 0;  // KV-cache elements per token of context (all full-attention layers, K and V)
+  double state_bytes = 0;   // conv + GDN state bytes of one sequence
+};
+
+ModelCounts count(const model::TextConfig& c) {
+  ModelCounts m;
+  const double H = static_cast<double>(c.hidden_size);
+  const double C = static_cast<double>(c.linear_conv_dim()), vd = static_cast<double>(c.linear_value_dim());
+  const double nv = static_cast<double>(c.linear_num_value_heads);
+  const double nh = static_cast<double>(c.num_attention_heads),
+               nkv = static_cast<double>(c.num_key_value_heads);
+  const double hd = static_cast<double>(c.head_dim), qw = c.attn_output_gate ? 2 * hd : hd;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
+      m.dense += (C + vd + 2 * nv) * H + H * vd;
+    } else {
+      m.dense += (nh * qw + 2 * nkv * hd) * H + H * nh * hd;
+      m.kv_per_token += 2 * nkv * hd;
+    }
+    if (c.layer_is_moe(i)) {
+      const double E = static_cast<double>(c.num_experts), Im = static_cast<double>(c.moe_intermediate_size);
+      const double Is = static_cast<double>(c.shared_expert_intermediate_size);
+      m.dense += E * H + 3 * Is * H + H;
+      m.expert = 3 * Im * H;
+      m.moe_layers += 1;
+    } else {
+      m.dense += 3 * static_cast<double>(c.intermediate_size) * H;
+    }
+  }
+  m.lm_head = static_cast<double>(c.vocab_size) * H;
+  const double n_lin = static_cast<double>(c.count_layers(LayerType::kLinearAttention));
+  m.state_bytes = n_lin *
+                  (nv * static_cast<double>(c.linear_key_head_dim * c.linear_value_head_dim) +
+                   C * static_cast<double>(c.linear_conv_kernel_dim - 1)) *
+                  4;
+  return m;
+}
+
+using OpTimes = std::vector<std::pair<std::string, double>>;
+
+struct DecodeRow {
+  int64_t batch, context;
+  double step_s, tok_s, bytes, bw, ratio;
+  OpTimes ops;  // --profile: GPU seconds per op over one step
+};
+struct PrefillRow {
+  int64_t tokens;
+  double seconds, tok_s, flops, rate, ratio;
+  OpTimes ops;  // --profile: GPU seconds per op over the prefill
+};
+
+void print_ops(const OpTimes& ops, double total) {
+  for (const auto& [name, sec] : ops)
+    std::printf("      %-20s %9.3f ms  %5.1f%%\n", name.c_str(), sec * 1e3,
+                total > 0 ? 100 * sec / total : 0.0);
+}
+
+}  // namespace
+
 // Device-to-device copy bandwidth, counting bytes read plus bytes written (median of 10 copies of 2 GiB).
 core::Expected<double> measure_copy_bandwidth() {
   const size_t bytes = size_t{2} << 30;
@@ -202,76 +269,15 @@ core::Expected<double> measure_gemm_rate() {
   DF_CUDA_TRY(cudaGetLastError());
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / median(t);
 }
-
-// Parameter counts (elements) of the matmuls one token meets.
-struct ModelCounts {
-  double dense =
-      0;  // non-expert matmul weights of all layers (attention, DeltaNet, dense FFN, router, shared)
-  double expert = 0;      // one routed expert of one layer (gate + up + down)
-  double moe_layers = 0;  // layers with routed experts
-  double lm_head = 0;
-  double kv_per_token = 0;  // KV-cache elements per token of context (all full-attention layers, K and V)
-  double state_bytes = 0;   // conv + GDN state bytes of one sequence
-};
-
-ModelCounts count(const model::TextConfig& c) {
-  ModelCounts m;
-  const double H = static_cast<double>(c.hidden_size);
-  const double C = static_cast<double>(c.linear_conv_dim()), vd = static_cast<double>(c.linear_value_dim());
-  const double nv = static_cast<double>(c.linear_num_value_heads);
-  const double nh = static_cast<double>(c.num_attention_heads),
-               nkv = static_cast<double>(c.num_key_value_heads);
-  const double hd = static_cast<double>(c.head_dim), qw = c.attn_output_gate ? 2 * hd : hd;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
-      m.dense += (C + vd + 2 * nv) * H + H * vd;
-    } else {
-      m.dense += (nh * qw + 2 * nkv * hd) * H + H * nh * hd;
-      m.kv_per_token += 2 * nkv * hd;
-    }
-    if (c.layer_is_moe(i)) {
-      const double E = static_cast<double>(c.num_experts), Im = static_cast<double>(c.moe_intermediate_size);
-      const double Is = static_cast<double>(c.shared_expert_intermediate_size);
-      m.dense += E * H + 3 * Is * H + H;
-      m.expert = 3 * Im * H;
-      m.moe_layers += 1;
-    } else {
-      m.dense += 3 * static_cast<double>(c.intermediate_size) * H;
-    }
-  }
-  m.lm_head = static_cast<double>(c.vocab_size) * H;
-  const double n_lin = static_cast<double>(c.count_layers(LayerType::kLinearAttention));
-  m.state_bytes = n_lin *
-                  (nv * static_cast<double>(c.linear_key_head_dim * c.linear_value_head_dim) +
-                   C * static_cast<double>(c.linear_conv_kernel_dim - 1)) *
-                  4;
-  return m;
-}
-
-using OpTimes = std::vector<std::pair<std::string, double>>;
-
-struct DecodeRow {
-  int64_t batch, context;
-  double step_s, tok_s, bytes, bw, ratio;
-  OpTimes ops;  // --profile: GPU seconds per op over one step
-};
-struct PrefillRow {
-  int64_t tokens;
-  double seconds, tok_s, flops, rate, ratio;
-  OpTimes ops;  // --profile: GPU seconds per op over the prefill
-};
-
-void print_ops(const OpTimes& ops, double total) {
-  for (const auto& [name, sec] : ops)
-    std::printf("      %-20s %9.3f ms  %5.1f%%\n", name.c_str(), sec * 1e3,
-                total > 0 ? 100 * sec / total : 0.0);
-}
-
-}  // namespace
 #endif
 
 int cmd_bench(const Argv& argv) {
   const std::string cmd = "bench";
+  // --requests: the serving benchmark through the engine (cmd_bench_serving.cpp; any backend).
+  if (std::find(argv.begin(), argv.end(), "--requests") != argv.end() ||
+      std::any_of(argv.begin(), argv.end(),
+                  [](const std::string& a) { return a.rfind("--requests=", 0) == 0; }))
+    return cmd_bench_serving(argv);
 #ifndef DELTAFLOW_HAVE_CUDA
   (void)argv;
   return fail(cmd, "this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)");

@@ -42,6 +42,7 @@ int cmd_chat(const Argv& argv) {
        "--frequency-penalty", "--repetition-penalty", "--seed", "--device", "--system", "--enable-thinking"},
       {},
       0};
+  add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   auto max_tokens = args->get_int("--max-tokens", 1024);
@@ -57,14 +58,18 @@ int cmd_chat(const Argv& argv) {
   if (!tok) return fail(cmd, tok.message());
   auto tmpl = text::ChatTemplate::load(dir);
   if (!tmpl) return fail(cmd, tmpl.message());
-  auto backend = open_backend(*args);
-  if (!backend) return fail(cmd, backend.message());
+  auto engine = open_engine(*args);
+  if (!engine) return fail(cmd, engine.message());
 
   engine::GenerateOptions opt;
   opt.max_tokens = static_cast<int>(*max_tokens);
   opt.sampling = *sampling;
-  for (auto id : (*backend)->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
-  if (auto im_end = tok->token_to_id("<|im_end|>")) opt.stop_ids.push_back(*im_end);
+  for (auto id : engine->backend->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
+  int32_t im_end_id = -1;
+  if (auto im_end = tok->token_to_id("<|im_end|>")) {
+    opt.stop_ids.push_back(*im_end);
+    im_end_id = *im_end;
+  }
 
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (auto sys = args->get("--system")) messages.push_back({{"role", "system"}, {"content", *sys}});
@@ -72,7 +77,7 @@ int cmd_chat(const Argv& argv) {
   install_sigint();
   std::fprintf(stderr,
                "deltaflow chat: %s on %s. Ctrl-C ends a turn, Ctrl-D or /exit quits, /reset clears.\n",
-               dir.c_str(), (*backend)->name());
+               dir.c_str(), engine->backend->name());
   for (;;) {
     std::fputs("\n> ", stdout);
     std::fflush(stdout);
@@ -101,7 +106,7 @@ int cmd_chat(const Argv& argv) {
     }
     const auto prompt = tok->encode(*prompt_text);
     // A turn may use what is left of the context, at most --max-tokens.
-    const int64_t room = (*backend)->config().max_position_embeddings - static_cast<int64_t>(prompt.size());
+    const int64_t room = engine->scheduler->max_model_len() - static_cast<int64_t>(prompt.size());
     if (room <= 0) {
       std::fprintf(stderr,
                    "deltaflow chat: the conversation (%zu tokens) fills the context; /reset to start over\n",
@@ -112,7 +117,11 @@ int cmd_chat(const Argv& argv) {
     opt.max_tokens = static_cast<int>(std::min<int64_t>(*max_tokens, room));
     text::IncrementalDetokenizer detok(*tok, /*skip_special_tokens=*/true);
     std::string reply;
-    auto r = engine::generate(**backend, prompt, opt, [&](int32_t id) {
+    // Checkpoints after each message: the next turn reuses this conversation from the prefix cache.
+    opt.message_ends.clear();
+    for (size_t i = 0; i < prompt.size(); ++i)
+      if (prompt[i] == im_end_id) opt.message_ends.push_back(static_cast<int64_t>(i) + 1);
+    auto r = engine::generate(*engine->scheduler, prompt, opt, [&](int32_t id) {
       if (g_interrupted) return false;
       if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end()) return true;
       const std::string d = detok.feed(id);

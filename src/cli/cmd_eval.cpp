@@ -19,9 +19,10 @@ namespace deltaflow::cli {
 // is their total in nats, ppl = exp(nll / tokens).
 int cmd_eval(const Argv& argv) {
   const std::string cmd = "eval";
-  auto args = Args::parse(
-      argv,
-      {{"--model", "--ids", "--text", "--window", "--device", "--tensor-parallel-size"}, {"--json"}, 0});
+  ArgSpec spec{
+      {"--model", "--ids", "--text", "--window", "--device", "--tensor-parallel-size"}, {"--json"}, 0};
+  add_engine_flags(spec);
+  auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   const auto ids_text = args->get("--ids"), text_file = args->get("--text");
   if (!ids_text == !text_file) return fail(cmd, "give one of --ids 1,2,3,... or --text FILE");
@@ -43,9 +44,9 @@ int cmd_eval(const Argv& argv) {
     if (ids.size() < 2) return fail(cmd, *text_file + ": fewer than 2 tokens");
   }
 
-  auto backend = open_backend(*args);
-  if (!backend) return fail(cmd, backend.message());
-  const int64_t ctx = (*backend)->config().max_position_embeddings;
+  auto engine = open_engine(*args);
+  if (!engine) return fail(cmd, engine.message());
+  const int64_t ctx = engine->scheduler->max_model_len();
   auto window = args->get_int("--window", ids_text ? static_cast<long long>(ids.size()) : ctx);
   if (!window) return fail(cmd, window.message());
   if (*window < 2 || *window > ctx)
@@ -54,15 +55,21 @@ int cmd_eval(const Argv& argv) {
     return fail(cmd, "--ids holds " + std::to_string(ids.size()) + " ids, more than the window " +
                          std::to_string(*window));
 
-  std::vector<double> logprobs;
-  double nll = 0;
+  // Every window at once: the engine batches them.
+  std::vector<std::vector<int32_t>> windows;
   for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(*window)) {
     const size_t e = std::min(ids.size(), b + static_cast<size_t>(*window));
     if (e - b < 2) break;
-    auto r = engine::score(**backend, std::vector<int32_t>(ids.begin() + b, ids.begin() + e));
-    if (!r) return fail(cmd, r.message());
-    logprobs.insert(logprobs.end(), r->logprobs.begin(), r->logprobs.end());
-    nll += r->nll;
+    windows.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(b),
+                         ids.begin() + static_cast<std::ptrdiff_t>(e));
+  }
+  auto scored = engine::score_all(*engine->scheduler, windows);
+  if (!scored) return fail(cmd, scored.message());
+  std::vector<double> logprobs;
+  double nll = 0;
+  for (const auto& r : *scored) {
+    logprobs.insert(logprobs.end(), r.logprobs.begin(), r.logprobs.end());
+    nll += r.nll;
   }
   const size_t n = logprobs.size();
   const double ppl = std::exp(nll / static_cast<double>(n));

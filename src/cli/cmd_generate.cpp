@@ -19,6 +19,7 @@ int cmd_generate(const Argv& argv) {
                 "--repetition-penalty", "--tensor-parallel-size"},
                {"--json", "--ignore-eos"},
                0};
+  add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   const auto ids_text = args->get("--prompt-ids"), prompt_text = args->get("--prompt");
@@ -47,16 +48,16 @@ int cmd_generate(const Argv& argv) {
     if (prompt.empty()) return fail(cmd, "--prompt is empty");
   }
 
-  auto backend = open_backend(*args);
-  if (!backend) return fail(cmd, backend.message());
+  auto engine = open_engine(*args);
+  if (!engine) return fail(cmd, engine.message());
   if (!args->has("--ignore-eos"))
-    for (auto id : (*backend)->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
+    for (auto id : engine->backend->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
 
   const bool json = args->has("--json");
   std::optional<text::IncrementalDetokenizer> detok;
   if (tok) detok.emplace(*tok, /*skip_special_tokens=*/true);
   std::string text_out;
-  auto r = engine::generate(**backend, prompt, opt, [&](int32_t id) {
+  auto r = engine::generate(*engine->scheduler, prompt, opt, [&](int32_t id) {
     if (detok) {
       const std::string delta = detok->feed(id);
       text_out += delta;

@@ -22,11 +22,12 @@ core::Expected<bool> parse_bool(const std::string& flag, const std::string& v) {
 
 int cmd_serve(const Argv& argv) {
   const std::string cmd = "serve";
-  ArgSpec spec{{"--model", "--device", "--host", "--port", "--api-key", "--api-key-file",
-                "--served-model-name", "--max-model-len", "--max-queue", "--default-enable-thinking",
-                "--max-body-bytes", "--tensor-parallel-size"},
-               {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
-               0};
+  ArgSpec spec{
+      {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
+       "--default-enable-thinking", "--max-body-bytes", "--tensor-parallel-size"},
+      {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
+      0};
+  add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   server::ServeOptions o;
@@ -56,14 +57,9 @@ int cmd_serve(const Argv& argv) {
     o.api_key = key;
   }
   o.served_model_name = args->get_or("--served-model-name", "");
-  auto len = args->get_int("--max-model-len", 0);
-  if (!len) return fail(cmd, len.message());
-  if (*len < 0) return fail(cmd, "flag --max-model-len must be positive");
-  o.max_model_len = *len;
-  auto queue = args->get_int("--max-queue", 256);
-  if (!queue) return fail(cmd, queue.message());
-  if (*queue < 1 || *queue > 100000) return fail(cmd, "flag --max-queue must be in [1, 100000]");
-  o.max_queue = static_cast<size_t>(*queue);
+  auto engine = parse_engine_options(*args);
+  if (!engine) return fail(cmd, engine.message());
+  o.engine = *engine;
   auto body = args->get_int("--max-body-bytes", 8 << 20);
   if (!body) return fail(cmd, body.message());
   if (*body < 1024) return fail(cmd, "flag --max-body-bytes must be at least 1024");

@@ -10,6 +10,7 @@ using Argv = std::vector<std::string>;
 
 int cmd_chat(const Argv& args);
 int cmd_bench(const Argv& args);
+int cmd_bench_serving(const Argv& args);  // bench --requests
 int cmd_generate(const Argv& args);
 int cmd_eval(const Argv& args);
 int cmd_inspect(const Argv& args);

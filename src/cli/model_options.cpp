@@ -39,10 +39,58 @@ core::Expected<int> parse_tensor_parallel(const Args& args, engine::Device devic
   return static_cast<int>(n);
 }
 
-core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args) {
+core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
+                                                               const engine::SchedulerOptions& engine) {
   DF_ASSIGN(engine::Device d, parse_device(args));
   DF_ASSIGN(int tp, parse_tensor_parallel(args, d));
-  return engine::load_backend(model_dir(args), d, tp);
+  engine::LoadLimits limits;
+  limits.max_sequences = engine.max_num_seqs;
+  limits.max_context = engine.max_model_len;
+  return engine::load_backend(model_dir(args), d, tp, limits);
+}
+
+void add_engine_flags(ArgSpec& spec) {
+  for (const char* f : {"--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-gb",
+                        "--prefix-cache-gb", "--max-queue"})
+    spec.with_value.insert(f);
+  spec.boolean.insert("--no-prefix-cache");
+}
+
+core::Expected<engine::SchedulerOptions> parse_engine_options(const Args& args) {
+  engine::SchedulerOptions o;
+  DF_ASSIGN(long long len, args.get_int("--max-model-len", 0));
+  if (len < 0) return core::Error{"flag --max-model-len must be positive"};
+  o.max_model_len = len;
+  DF_ASSIGN(long long seqs, args.get_int("--max-num-seqs", o.max_num_seqs));
+  if (seqs < 1 || seqs > 65536) return core::Error{"flag --max-num-seqs must be in [1, 65536]"};
+  o.max_num_seqs = static_cast<int32_t>(seqs);
+  DF_ASSIGN(long long tokens, args.get_int("--max-num-batched-tokens", o.max_num_batched_tokens));
+  if (tokens < 1 || tokens > (1 << 24))
+    return core::Error{"flag --max-num-batched-tokens must be in [1, 16777216]"};
+  o.max_num_batched_tokens = tokens;
+  DF_ASSIGN(o.kv_cache_gb, args.get_double("--kv-cache-gb", 0.0));
+  if (o.kv_cache_gb < 0 || o.kv_cache_gb > 1e5)
+    return core::Error{"flag --kv-cache-gb must be in [0, 100000]"};
+  DF_ASSIGN(o.prefix_cache_gb, args.get_double("--prefix-cache-gb", o.prefix_cache_gb));
+  if (o.prefix_cache_gb < 0 || o.prefix_cache_gb > 1e5)
+    return core::Error{"flag --prefix-cache-gb must be in [0, 100000]"};
+  o.prefix_cache = !args.has("--no-prefix-cache") && o.prefix_cache_gb > 0;
+  DF_ASSIGN(long long queue, args.get_int("--max-queue", 256));
+  if (queue < 1 || queue > 100000) return core::Error{"flag --max-queue must be in [1, 100000]"};
+  o.max_queue = static_cast<size_t>(queue);
+  return o;
+}
+
+core::Expected<EngineHandle> open_engine(const Args& args) {
+  DF_ASSIGN(engine::SchedulerOptions o, parse_engine_options(args));
+  EngineHandle h;
+  DF_ASSIGN(h.backend, open_backend(args, o));
+  if (o.max_model_len > h.backend->config().max_position_embeddings)
+    return core::Error{"flag --max-model-len " + std::to_string(o.max_model_len) + " exceeds the model's " +
+                       std::to_string(h.backend->config().max_position_embeddings) +
+                       " positions (max_position_embeddings)"};
+  DF_ASSIGN(h.scheduler, engine::Scheduler::start(*h.backend, o));
+  return h;
 }
 
 core::Expected<engine::SamplingParams> parse_sampling(const Args& args) {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.hpp"
-#include "engine/token_picker.hpp"
+#include "backend/sequence_stepper.hpp"
 #ifdef DELTAFLOW_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/device.hpp"
@@ -13,25 +13,27 @@
 namespace deltaflow::engine {
 
 core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,
-                                                               int tensor_parallel) {
+                                                               int tensor_parallel,
+                                                               const LoadLimits& limits) {
   if (tensor_parallel > 1 && device == Device::kCpu)
     return core::Error{"tensor parallelism needs --device cuda: the CPU backend runs on one device"};
 #ifdef DELTAFLOW_HAVE_CUDA
+  backend::cuda::CudaOptions opt;
+  opt.progress = true;
+  opt.max_sequences = limits.max_sequences;
+  opt.max_context = limits.max_context;
   if (tensor_parallel > 1) {
-    backend::cuda::CudaOptions opt;
-    opt.progress = true;
     backend::cuda::TpOptions tp;
     tp.world = tensor_parallel;
     DF_ASSIGN(auto b, backend::cuda::TpBackend::load(dir, opt, tp));
-    return std::unique_ptr<backend::Backend>(std::move(b));
+    return std::unique_ptr<backend::Backend>(std::make_unique<backend::SequenceStepper>(std::move(b)));
   }
   if (device == Device::kCuda || (device == Device::kAuto && !backend::cuda::list_devices().empty())) {
-    backend::cuda::CudaOptions opt;
-    opt.progress = true;
     DF_ASSIGN(auto cuda, backend::cuda::CudaBackend::load(dir, opt));
-    return std::unique_ptr<backend::Backend>(std::move(cuda));
+    return std::unique_ptr<backend::Backend>(std::make_unique<backend::SequenceStepper>(std::move(cuda)));
   }
 #else
+  (void)limits;
   if (tensor_parallel > 1)
     return core::Error{
         "tensor parallelism: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
@@ -42,60 +44,129 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
   return std::unique_ptr<backend::Backend>(std::move(cpu));
 }
 
-core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<int32_t>& prompt,
+namespace {
+
+// Waits for the request's events; on_event sees each, returning false to cancel.
+core::Status drain(const std::shared_ptr<ResponseChannel>& ch,
+                   const std::function<bool(const Event&)>& on_event) {
+  std::vector<Event> events;
+  for (;;) {
+    if (!ch->wait(std::chrono::milliseconds(200), events)) continue;
+    for (const Event& e : events) {
+      if (!on_event(e)) ch->cancel();
+      if (e.finished) {
+        if (e.finish == FinishReason::kError) return core::Error{e.error};
+        return core::Status();
+      }
+    }
+  }
+}
+
+core::Status submit_one(Scheduler& s, GenerationRequest r) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(r));
+  switch (s.submit(std::move(one))) {
+    case SubmitResult::kQueued:
+      return core::Status();
+    case SubmitResult::kQueueFull:
+      return core::Error{"the engine's queue is full"};
+    case SubmitResult::kStopped:
+      return core::Error{"the engine has stopped"};
+  }
+  return core::Error{"unreachable"};
+}
+
+}  // namespace
+
+core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>& prompt,
                                         const GenerateOptions& opt,
                                         const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) return core::Error{"the prompt is empty"};
-  const int64_t max_len = b.config().max_position_embeddings;
-  if (static_cast<int64_t>(prompt.size()) + opt.max_tokens > max_len)
-    return core::Error{"prompt (" + std::to_string(prompt.size()) + " tokens) + max tokens (" +
-                       std::to_string(opt.max_tokens) + ") exceeds the model length " +
-                       std::to_string(max_len)};
   GenerateResult r;
   r.finish_reason = "length";
   if (opt.max_tokens <= 0) return r;
-  auto seq = b.new_sequence();
-  std::vector<float> logits;
-  backend::PrefillItem item{seq.get(), prompt, false};
-  DF_TRY(b.prefill(std::span<const backend::PrefillItem>(&item, 1), logits));
-  TokenPicker picker(b, opt.sampling, /*need_logits=*/false);
-  picker.add_prompt(prompt);
-  DF_TRY(picker.start(logits));
-  for (int i = 0; i < opt.max_tokens; ++i) {
-    const int32_t id = picker.pick(logits);
-    picker.accept(id);
-    r.ids.push_back(id);
-    if (on_token && !on_token(id)) {
-      r.finish_reason = "stop";
-      break;
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.sampling = opt.sampling;
+  req.max_tokens = opt.max_tokens;
+  req.stop_ids = opt.stop_ids;
+  req.message_ends = opt.message_ends;
+  req.channel = std::make_shared<ResponseChannel>();
+  auto ch = req.channel;
+  DF_TRY(submit_one(s, std::move(req)));
+  bool stopped_by_caller = false;
+  DF_TRY(drain(ch, [&](const Event& e) {
+    bool go_on = !stopped_by_caller;
+    for (const auto& t : e.tokens) {
+      if (stopped_by_caller) break;
+      r.ids.push_back(t.id);
+      if (on_token && !on_token(t.id)) stopped_by_caller = true, go_on = false;
     }
-    if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end()) {
-      r.finish_reason = "stop";
-      break;
+    if (e.finished) {
+      r.cached_tokens = e.cached_tokens;
+      r.finish_reason = stopped_by_caller || e.finish == FinishReason::kStop ? "stop" : "length";
     }
-    if (i + 1 == opt.max_tokens) break;
-    DF_TRY(picker.advance(seq.get(), id, logits));
-  }
+    return go_on;
+  }));
+  if (stopped_by_caller) r.finish_reason = "stop";
   return r;
 }
 
-core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids) {
-  if (ids.size() < 2) return core::Error{"scoring needs at least 2 ids"};
-  if (static_cast<int64_t>(ids.size()) > b.config().max_position_embeddings)
-    return core::Error{"sequence of " + std::to_string(ids.size()) + " ids exceeds the model length " +
-                       std::to_string(b.config().max_position_embeddings)};
-  auto seq = b.new_sequence();
-  std::vector<float> logits;
-  backend::PrefillItem item{seq.get(), ids, true};
-  DF_TRY(b.prefill(std::span<const backend::PrefillItem>(&item, 1), logits));
-  const size_t V = static_cast<size_t>(b.config().vocab_size);
-  ScoreResult r;
-  for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    const double lp = log_prob(std::span<const float>(logits.data() + i * V, V), ids[i + 1]);
-    r.logprobs.push_back(lp);
-    r.nll -= lp;
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
+                                                   const std::vector<std::vector<int32_t>>& seqs) {
+  std::vector<GenerationRequest> reqs;
+  auto ch = std::make_shared<ResponseChannel>();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].size() < 2) return core::Error{"scoring needs at least 2 ids"};
+    GenerationRequest req;
+    req.prompt = seqs[i];
+    req.max_tokens = 0;
+    req.prompt_logprobs = true;
+    req.channel = ch;
+    req.choice = static_cast<int>(i);
+    reqs.push_back(std::move(req));
   }
-  return r;
+  std::vector<ScoreResult> out(seqs.size());
+  // In slices the queue holds.
+  for (size_t b = 0; b < reqs.size();) {
+    std::vector<GenerationRequest> slice;
+    const size_t e = std::min(reqs.size(), b + 64);
+    for (size_t i = b; i < e; ++i) slice.push_back(std::move(reqs[i]));
+    switch (s.submit(std::move(slice))) {
+      case SubmitResult::kQueued:
+        break;
+      case SubmitResult::kQueueFull:
+        return core::Error{"the engine's queue is full"};
+      case SubmitResult::kStopped:
+        return core::Error{"the engine has stopped"};
+    }
+    size_t done = 0;
+    std::vector<Event> events;
+    while (done < e - b) {
+      if (!ch->wait(std::chrono::milliseconds(200), events)) continue;
+      for (const Event& ev : events) {
+        if (!ev.finished) continue;
+        if (ev.finish == FinishReason::kError) return core::Error{ev.error};
+        ScoreResult& r = out[static_cast<size_t>(ev.choice)];
+        for (double lp : ev.prompt_logprobs) {
+          r.logprobs.push_back(lp);
+          r.nll -= lp;
+        }
+        ++done;
+      }
+    }
+    b = e;
+  }
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (out[i].logprobs.size() + 1 != seqs[i].size())
+      return core::Error{"scoring returned " + std::to_string(out[i].logprobs.size()) +
+                         " log-probabilities for " + std::to_string(seqs[i].size()) + " ids"};
+  return out;
+}
+
+core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids) {
+  DF_ASSIGN(auto all, score_all(s, {ids}));
+  return std::move(all[0]);
 }
 
 }  // namespace deltaflow::engine

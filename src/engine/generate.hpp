@@ -1,4 +1,5 @@
-// Single-sequence generation and teacher-forced scoring on any backend (the CLI's generate and eval).
+// Opening a backend, and blocking single-request generation and teacher-forced scoring through a running
+// Scheduler (the CLI's generate, eval and chat: the same engine path as the server).
 #pragma once
 
 #include <functional>
@@ -8,29 +9,40 @@
 
 #include "backend/backend.hpp"
 #include "engine/sampler.hpp"
+#include "engine/scheduler.hpp"
 
 namespace deltaflow::engine {
 
 enum class Device { kAuto, kCpu, kCuda };
 
+// Sequences and positions a backend that keeps each sequence's memory itself (CUDA today) is loaded for.
+struct LoadLimits {
+  int max_sequences = 16;
+  int64_t max_context = 0;  // 0: the backend's default
+};
+
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).
 // tensor_parallel > 1: over that many GPUs (backend/cuda/tp_backend.hpp); needs CUDA.
 core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,
-                                                               int tensor_parallel = 1);
+                                                               int tensor_parallel = 1,
+                                                               const LoadLimits& limits = {});
 
 struct GenerateOptions {
   int max_tokens = 32;
   SamplingParams sampling;
-  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
+  std::vector<int32_t> stop_ids;      // generation ends after emitting one of these
+  std::vector<int64_t> message_ends;  // prefix-cache checkpoints (GenerationRequest::message_ends)
 };
 
 struct GenerateResult {
   std::vector<int32_t> ids;   // generated ids (a final stop id included)
   std::string finish_reason;  // "stop" or "length"
+  int64_t cached_tokens = 0;  // prompt tokens reused from the prefix cache
 };
 
-// Prefills the prompt, then decodes. on_token is called with each id as it is sampled; returning false stops.
-core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<int32_t>& prompt,
+// Submits one request and waits for it. on_token is called with each id as it arrives; returning false
+// cancels the request (finish_reason "stop").
+core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>& prompt,
                                         const GenerateOptions& opt,
                                         const std::function<bool(int32_t)>& on_token = nullptr);
 
@@ -39,7 +51,10 @@ struct ScoreResult {
   double nll = 0;                // -sum(logprobs), nats
 };
 
-// Teacher-forced log-probabilities of ids[1..] given the preceding ids (one prefill with all logits).
-core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids);
+// Teacher-forced log-probabilities of ids[1..] given the preceding ids.
+core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids);
+// Several sequences at once (they share the engine's steps); results in input order.
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
+                                                   const std::vector<std::vector<int32_t>>& seqs);
 
 }  // namespace deltaflow::engine

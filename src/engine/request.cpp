@@ -31,6 +31,7 @@ void ResponseChannel::push(Event e) {
       last.prompt_tokens = e.prompt_tokens;
       last.cached_tokens = e.cached_tokens;
       last.completion_tokens = e.completion_tokens;
+      if (!e.prompt_logprobs.empty()) last.prompt_logprobs = std::move(e.prompt_logprobs);
     } else {
       events_.push_back(std::move(e));
     }

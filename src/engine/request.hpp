@@ -45,6 +45,13 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (eos unless ignore_eos)
   int top_logprobs = 0;           // alternatives per token in events (0..20)
   bool logprobs = false;          // fill SampledToken::logprob / top
+  // Log-probabilities of the prompt's tokens (teacher forcing): Event::prompt_logprobs[i] = log p(prompt[i+1]
+  // | prompt[..i]). Such a prompt is computed in full (no prefix-cache reuse: the cache holds no logits).
+  bool prompt_logprobs = false;
+  // Token counts at which the prompt's rendered messages end: the prefix cache keeps the recurrent state
+  // there too, so that a later conversation that rewrites what follows (Qwen3.5 templates drop earlier
+  // <think> blocks) still reuses the prefix up to the last unchanged message.
+  std::vector<int64_t> message_ends;
   ThinkingBudget thinking;
   std::vector<int32_t>
       forced_ids;  // test hook: emitted in order instead of sampled ones, then sampling goes on
@@ -66,8 +73,10 @@ struct Event {
   int32_t stop_id = -1;           // the stop token that ended it (it is the last of `tokens`)
   std::string error;              // kError only
   int64_t prompt_tokens = 0;      // set when finished
-  int64_t cached_tokens = 0;      // prompt tokens served from a prefix cache (none yet)
+  int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache (set when finished)
   int64_t completion_tokens = 0;  // set when finished
+  // log p(prompt[i+1] | prompt[..i]) for every i (prompt_logprobs requests), in double; set when finished.
+  std::vector<double> prompt_logprobs;
 };
 
 // A multi-producer (engine), single-consumer (HTTP thread) queue of events, plus the cancellation flag both

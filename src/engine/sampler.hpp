@@ -4,46 +4,31 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
-#include <unordered_map>
 #include <vector>
+
+#include "engine/sampling_params.hpp"
+#include "engine/sampling_state.hpp"
 
 namespace deltaflow::engine {
 
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy (argmax)
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off; keeps tokens with p >= min_p * max p (after temperature)
-  // OpenAI penalties over the generated tokens: logit -= presence * [count > 0] + frequency * count.
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  // HF / vLLM repetition penalty over prompt and generated tokens: positive logits divided by it, negative
-  // ones multiplied. 1: off.
-  float repetition_penalty = 1.0f;
-  uint64_t seed = 0;
-};
-
+// The host reference draw of one sequence (backend/host_sampling.hpp) with its penalty history: the same
+// tokens as the engine gives that sequence.
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  explicit Sampler(const SamplingParams& p) : state_(p) {}
 
   // Tokens the repetition penalty counts as already seen (the prompt).
-  void add_prompt(std::span<const int32_t> ids);
-  // Records a token as generated, for the penalties. `sample` does not record by itself, so that tokens
-  // chosen elsewhere (forced ones) are counted the same way.
-  void accept(int32_t id);
+  void add_prompt(std::span<const int32_t> ids) { state_.add_prompt(ids); }
+  // Records a token as generated, for the penalties, and moves to the next step. `sample` does not record by
+  // itself, so that tokens chosen elsewhere (forced ones) are counted the same way.
+  void accept(int32_t id) { state_.accept(id); }
 
   int32_t sample(std::span<const float> logits);
-  bool has_penalties() const;
 
  private:
-  SamplingParams p_;
-  std::mt19937_64 rng_;
-  std::unordered_map<int32_t, int32_t> output_counts_;  // generated id -> times
-  std::vector<int32_t> prompt_seen_;                    // sorted unique prompt ids
-  std::vector<float> work_;                             // penalised copy of the logits
+  SamplingState state_;
+  std::vector<float> work_;  // penalised copy of the logits
 };
 
 // Index of the largest logit; ties go to the lowest index (as torch.argmax).

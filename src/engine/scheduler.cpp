@@ -1,22 +1,118 @@
 #include "engine/scheduler.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
-#include "engine/token_picker.hpp"
+#include "engine/sampling_state.hpp"
 
 namespace deltaflow::engine {
 
-Scheduler::Scheduler(backend::Backend& backend, const SchedulerOptions& options)
-    : backend_(backend),
-      max_queue_(options.max_queue),
-      max_model_len_(options.max_model_len > 0 ? options.max_model_len
-                                               : backend.config().max_position_embeddings) {
-  thread_ = std::thread([this] { run(); });
+// A request the engine holds: waiting, or running with a state slot and KV pages.
+struct Scheduler::Sequence {
+  GenerationRequest req;
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int64_t prompt_len = 0;
+  int64_t computed = 0;  // tokens whose KV and recurrent state the slot holds
+  int32_t slot = -1;
+  std::vector<int32_t> pages;  // block table
+  SamplingState sampling;
+  int64_t generated = 0;
+  int64_t cached = 0;  // prompt tokens reused from the prefix cache
+  std::deque<int32_t> forced;
+  bool in_thought = false, closing = false;
+  int thought_tokens = 0;
+  uint64_t order = 0;  // arrival
+  bool done = false;   // finished this step (removed from running_ at its end)
+  std::vector<double> prompt_lp;
+  // This step.
+  int64_t chunk = 0;
+  std::vector<backend::StateSnapshot> snaps;
+};
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
 }
+
+Event final_event(int choice, FinishReason why) {
+  Event e;
+  e.choice = choice;
+  e.finished = true;
+  e.finish = why;
+  return e;
+}
+
+}  // namespace
+
+core::Expected<std::unique_ptr<Scheduler>> Scheduler::start(backend::Backend& backend,
+                                                            const SchedulerOptions& o) {
+  std::unique_ptr<Scheduler> s(new Scheduler(backend, o));
+  DF_TRY(s->plan());
+  s->thread_ = std::thread([p = s.get()] { p->run(); });
+  return s;
+}
+
+Scheduler::Scheduler(backend::Backend& backend, const SchedulerOptions& o) : backend_(backend), opt_(o) {}
 
 Scheduler::~Scheduler() {
   stop();
+}
+
+// The memory plan: pages for max_num_seqs sequences of max_model_len (or --kv-cache-gb), state slots for
+// them, and the prefix cache's share (half slots, half pages, of --prefix-cache-gb).
+core::Status Scheduler::plan() {
+  if (opt_.max_num_seqs < 1) return core::Error{"--max-num-seqs must be at least 1"};
+  if (opt_.max_num_batched_tokens < 1) return core::Error{"--max-num-batched-tokens must be at least 1"};
+  const auto& c = backend_.config();
+  const int64_t model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
+  page_size_ = backend_.page_size();
+  const size_t page_bytes = std::max<size_t>(backend_.page_bytes(), 1);
+  const size_t slot_bytes = std::max<size_t>(backend_.slot_bytes(), 1);
+  const int64_t one_seq = ceil_div(model_len, page_size_);
+  int64_t kv_pages = opt_.max_num_seqs * one_seq;
+  if (opt_.kv_cache_gb > 0) {
+    kv_pages = static_cast<int64_t>(opt_.kv_cache_gb * (1ull << 30) / static_cast<double>(page_bytes));
+  } else {
+    kv_pages = std::min<int64_t>(
+        kv_pages, std::max<int64_t>(one_seq, (int64_t{4} << 30) / static_cast<int64_t>(page_bytes)));
+  }
+  if (kv_pages < 1)
+    return core::Error{"--kv-cache-gb " + std::to_string(opt_.kv_cache_gb) + " holds no KV page"};
+  int32_t slots = opt_.max_num_seqs;
+  backend::PoolRequest req;
+  const double cache_bytes = opt_.prefix_cache ? opt_.prefix_cache_gb * (1ull << 30) : 0.0;
+  int32_t cache_slots = 0;
+  int64_t cache_pages = 0;
+  // A backend without paged KV (Pools::paged, known before allocate) has no prefix cache.
+  if (opt_.prefix_cache && backend_.pools().paged && cache_bytes >= static_cast<double>(slot_bytes)) {
+    cache_slots = static_cast<int32_t>(
+        std::min<double>(cache_bytes / 2 / static_cast<double>(slot_bytes), 16.0 * opt_.max_num_seqs));
+    cache_slots = std::max(cache_slots, 1);
+    cache_pages = static_cast<int64_t>(cache_bytes / 2 / static_cast<double>(page_bytes));
+  }
+  req.kv_pages = kv_pages + cache_pages;
+  req.state_slots = slots + cache_slots;
+  req.max_step_rows = opt_.max_num_batched_tokens;
+  req.max_step_seqs = opt_.max_num_seqs;
+  DF_TRY(backend_.allocate(req));
+  const auto& pools = backend_.pools();
+  page_size_ = pools.page_size;
+  max_model_len_ = std::min<int64_t>(model_len, pools.max_context);
+  pages_ = KvPages(pools.kv_pages);
+  slots_ = StateSlots(pools.state_slots);
+  use_cache_ = opt_.prefix_cache && pools.paged && cache_slots > 0;
+  if (use_cache_) {
+    PrefixCache::Budget b;
+    b.max_bytes = static_cast<size_t>(cache_bytes);
+    b.page_bytes = page_bytes;
+    b.slot_bytes = slot_bytes;
+    b.page_size = page_size_;
+    cache_ = std::make_unique<PrefixCache>(pages_, slots_, b);
+  }
+  publish_stats();
+  return core::Status();
 }
 
 SubmitResult Scheduler::submit(std::vector<GenerationRequest> requests) {
@@ -26,10 +122,7 @@ SubmitResult Scheduler::submit(std::vector<GenerationRequest> requests) {
     // Requests whose clients left while they waited give their places up now.
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (it->channel->cancelled(it->choice)) {
-        Event e;
-        e.choice = it->choice;
-        e.finished = true;
-        e.finish = FinishReason::kCancelled;
+        Event e = final_event(it->choice, FinishReason::kCancelled);
         e.prompt_tokens = static_cast<int64_t>(it->prompt.size());
         it->channel->push(std::move(e));
         it = queue_.erase(it);
@@ -37,7 +130,8 @@ SubmitResult Scheduler::submit(std::vector<GenerationRequest> requests) {
         ++it;
       }
     }
-    if (queue_.size() + requests.size() > max_queue_) return SubmitResult::kQueueFull;
+    if (queue_.size() + static_cast<size_t>(stats_.waiting) + requests.size() > opt_.max_queue)
+      return SubmitResult::kQueueFull;
     for (auto& r : requests) queue_.push_back(std::move(r));
   }
   cv_.notify_one();
@@ -46,7 +140,39 @@ SubmitResult Scheduler::submit(std::vector<GenerationRequest> requests) {
 
 size_t Scheduler::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size();
+  return queue_.size() + static_cast<size_t>(stats_.waiting);
+}
+
+bool Scheduler::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_.running > 0;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerStats s = stats_;
+  s.waiting += static_cast<int64_t>(queue_.size());
+  return s;
+}
+
+void Scheduler::publish_stats() {
+  SchedulerStats s;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.kv_pages_used = pages_.used();
+  s.kv_pages_total = pages_.total();
+  s.state_slots_used = slots_.used();
+  s.state_slots_total = slots_.total();
+  if (cache_) {
+    s.prefix_checkpoints = cache_->checkpoints();
+    s.prefix_cache_bytes = static_cast<int64_t>(cache_->bytes());
+    s.prefix_evictions = cache_->evictions();
+  }
+  s.prefix_hit_tokens = hit_tokens_;
+  s.preemptions = preemptions_;
+  s.steps = steps_;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = s;
 }
 
 void Scheduler::stop() {
@@ -61,149 +187,432 @@ void Scheduler::stop() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   for (auto& r : left) {
-    Event e;
-    e.choice = r.choice;
-    e.finished = true;
-    e.finish = FinishReason::kError;
+    Event e = final_event(r.choice, FinishReason::kError);
     e.error = "the server is shutting down";
     if (r.channel) r.channel->push(std::move(e));
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The engine thread
+
 void Scheduler::run() {
   for (;;) {
-    GenerationRequest r;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      r = std::move(queue_.front());
-      queue_.pop_front();
-      busy_.store(true);
+      if (!stopping_ && queue_.empty() && running_.empty() && waiting_.empty())
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) break;
     }
     try {
-      serve_one(r);
+      step_once();
     } catch (const std::exception& ex) {
-      // A backend that throws (allocation failure) fails this request, not the process.
-      Event e;
-      e.choice = r.choice;
-      e.finished = true;
-      e.finish = FinishReason::kError;
-      e.error = std::string("engine failure: ") + ex.what();
-      r.channel->push(std::move(e));
+      // A backend that throws (allocation failure) fails the sequences of this step, not the process.
+      for (auto& s : running_) finish(*s, FinishReason::kError, std::string("engine failure: ") + ex.what());
+      running_.clear();
     }
-    busy_.store(false);
+    publish_stats();
+  }
+  for (auto& s : running_) finish(*s, FinishReason::kCancelled);
+  running_.clear();
+  for (auto& s : waiting_) finish(*s, FinishReason::kError, "the server is shutting down");
+  waiting_.clear();
+  publish_stats();
+}
+
+std::string Scheduler::check_request(const GenerationRequest& r) const {
+  // The HTTP side validates all of this with better messages; these checks keep the engine safe on its own.
+  const int64_t vocab = backend_.config().vocab_size;
+  if (r.prompt.empty()) return "the prompt is empty";
+  for (const auto* ids : {&r.prompt, &r.forced_ids, &r.thinking.close_ids})
+    for (int32_t id : *ids)
+      if (id < 0 || id >= vocab)
+        return "token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) +
+               ")";
+  if (r.max_tokens < 0) return "max_tokens is negative";
+  const int64_t len = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (len > max_model_len_)
+    return "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
+           std::to_string(r.max_tokens) + ") exceeds the model length " + std::to_string(max_model_len_);
+  if (ceil_div(len, page_size_) > pages_.total())
+    return "prompt + max_tokens needs " + std::to_string(ceil_div(len, page_size_)) +
+           " KV pages; the pool has " + std::to_string(pages_.total()) + " (raise --kv-cache-gb)";
+  return {};
+}
+
+void Scheduler::take_new_requests() {
+  std::deque<GenerationRequest> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(queue_);
+  }
+  for (auto& r : fresh) {
+    auto s = std::make_unique<Sequence>();
+    s->order = next_order_++;
+    s->prompt_len = static_cast<int64_t>(r.prompt.size());
+    s->tokens = r.prompt;
+    s->sampling = SamplingState(r.sampling);
+    s->sampling.add_prompt(r.prompt);
+    s->forced.assign(r.forced_ids.begin(), r.forced_ids.end());
+    s->in_thought = r.thinking.open_at_start;
+    s->req = std::move(r);
+    if (const std::string why = check_request(s->req); !why.empty()) {
+      finish(*s, FinishReason::kError, why);
+      continue;
+    }
+    waiting_.push_back(std::move(s));
   }
 }
 
-void Scheduler::serve_one(GenerationRequest& r) {
-  Event done;
-  done.choice = r.choice;
-  done.finished = true;
-  done.prompt_tokens = static_cast<int64_t>(r.prompt.size());
-  auto fail = [&](const std::string& message) {
-    done.finish = FinishReason::kError;
-    done.error = message;
-    r.channel->push(std::move(done));
-  };
-  if (r.channel->cancelled(r.choice)) {
-    done.finish = FinishReason::kCancelled;
-    r.channel->push(std::move(done));
+std::optional<int32_t> Scheduler::take_slot(const Checkpoint* keep) {
+  for (;;) {
+    if (auto s = slots_.take()) return s;
+    if (!cache_ || !cache_->evict_one(keep)) return std::nullopt;
+  }
+}
+
+bool Scheduler::reserve_pages(Sequence& s, int64_t end) {
+  const int64_t need = ceil_div(end, page_size_);
+  while (static_cast<int64_t>(s.pages.size()) < need) {
+    auto p = pages_.take();
+    while (!p && cache_ && cache_->evict_one()) p = pages_.take();
+    if (!p) return false;
+    s.pages.push_back(*p);
+  }
+  return true;
+}
+
+bool Scheduler::admit(Sequence& s) {
+  const Checkpoint* cp = nullptr;
+  if (use_cache_ && !s.req.prompt_logprobs)
+    cp = cache_->lookup(s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+  auto slot = take_slot(cp);
+  if (!slot) return false;
+  s.slot = *slot;
+  s.computed = 0;
+  if (cp) {
+    // Resume from the checkpoint: its state copied, its full pages shared, the page it ends inside copied.
+    const int64_t full = cp->depth / page_size_;
+    std::vector<int32_t> pages(cp->pages.begin(), cp->pages.begin() + full);
+    for (int32_t p : pages) pages_.ref(p);
+    std::optional<int32_t> tail;
+    if (cp->depth % page_size_ != 0) {
+      tail = pages_.take();
+      while (!tail && cache_->evict_one(cp)) tail = pages_.take();
+    }
+    const bool copied =
+        (cp->depth % page_size_ == 0 || tail) && backend_.copy_state(cp->slot, s.slot).is_ok() &&
+        (!tail ||
+         backend_.copy_pages(std::vector<backend::PageCopy>{{cp->pages[static_cast<size_t>(full)], *tail}})
+             .is_ok());
+    if (copied) {
+      s.pages = std::move(pages);
+      if (tail) s.pages.push_back(*tail);
+      s.computed = cp->depth;
+      s.cached = std::max(s.cached, std::min(cp->depth, s.prompt_len));
+      hit_tokens_ += cp->depth;
+    } else {
+      for (int32_t p : pages) pages_.unref(p);
+      if (tail) pages_.unref(*tail);
+    }
+  }
+  return true;
+}
+
+void Scheduler::release(Sequence& s, bool to_cache) {
+  if (s.slot >= 0) {
+    const bool kept =
+        to_cache && use_cache_ && s.computed > 0 &&
+        cache_->insert(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed)), s.slot,
+                       s.pages);
+    if (!kept) slots_.give_back(s.slot);
+    s.slot = -1;
+  }
+  for (int32_t p : s.pages) pages_.unref(p);
+  s.pages.clear();
+  s.computed = 0;
+}
+
+bool Scheduler::preempt_youngest(const Sequence* keep) {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (it->get() == keep) continue;
+    std::unique_ptr<Sequence> s = std::move(*it);
+    running_.erase(std::next(it).base());
+    release(*s, /*to_cache=*/false);
+    s->prompt_lp.clear();  // recomputed with the prompt
+    ++preemptions_;
+    // Back among the waiting, in arrival order: its tokens so far are recomputed when it is admitted again.
+    auto pos =
+        std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) { return w->order > s->order; });
+    waiting_.insert(pos, std::move(s));
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error) {
+  Event e = final_event(s.req.choice, why);
+  e.error = error;
+  e.prompt_tokens = s.prompt_len;
+  e.cached_tokens = s.cached;
+  e.completion_tokens = s.generated;
+  e.prompt_logprobs = std::move(s.prompt_lp);
+  if (s.req.channel) s.req.channel->push(std::move(e));
+  release(s, why != FinishReason::kError);
+}
+
+// The token after the sequence's last computed one: forced, or drawn. Pushes it, and finishes the sequence
+// on a stop token or max_tokens; otherwise it becomes the next token to compute.
+void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
+  GenerationRequest& r = s.req;
+  if (s.in_thought && !s.closing && r.thinking.max_tokens >= 0 && s.thought_tokens >= r.thinking.max_tokens) {
+    s.forced.insert(s.forced.begin(), r.thinking.close_ids.begin(), r.thinking.close_ids.end());
+    s.closing = true;
+  }
+  int32_t id = drawn;
+  if (!s.forced.empty()) {
+    id = s.forced.front();
+    s.forced.pop_front();
+  }
+  s.sampling.accept(id);
+  ++s.generated;
+  SampledToken tok;
+  tok.id = id;
+  if (r.logprobs && row) {
+    const std::span<const float> lr(row, static_cast<size_t>(backend_.config().vocab_size));
+    tok.logprob = chosen_logprob(lr, id).logprob;
+    tok.top = top_logprobs(lr, r.top_logprobs);
+  }
+  if (id == r.thinking.start_id && r.thinking.start_id >= 0) {
+    s.in_thought = true;
+    s.thought_tokens = 0;
+  } else if (id == r.thinking.end_id && r.thinking.end_id >= 0) {
+    s.in_thought = false;
+    s.closing = false;
+  } else if (s.in_thought) {
+    ++s.thought_tokens;
+  }
+  const bool is_stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end();
+  Event e;
+  e.choice = r.choice;
+  e.tokens.push_back(std::move(tok));
+  if (is_stop || s.generated >= r.max_tokens) {
+    // The last token rides in the final event.
+    e.finished = true;
+    e.finish = is_stop ? FinishReason::kStop : FinishReason::kLength;
+    e.stop_id = is_stop ? id : -1;
+    e.prompt_tokens = s.prompt_len;
+    e.cached_tokens = s.cached;
+    e.completion_tokens = s.generated;
+    e.prompt_logprobs = std::move(s.prompt_lp);
+    r.channel->push(std::move(e));
+    release(s, /*to_cache=*/true);
+    s.done = true;
     return;
   }
-  // The HTTP side validates all of this with better messages; these checks keep the engine safe on its own.
-  const int64_t vocab = backend_.config().vocab_size;
-  auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab; };
-  if (r.prompt.empty()) return fail("the prompt is empty");
-  if (!std::all_of(r.prompt.begin(), r.prompt.end(), in_vocab) ||
-      !std::all_of(r.forced_ids.begin(), r.forced_ids.end(), in_vocab) ||
-      !std::all_of(r.thinking.close_ids.begin(), r.thinking.close_ids.end(), in_vocab))
-    return fail("a token id is outside the vocabulary");
-  if (r.max_tokens < 0) return fail("max_tokens is negative");
-  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > max_model_len_)
-    return fail("prompt + max_tokens exceeds the model length");
+  r.channel->push(std::move(e));
+  s.tokens.push_back(id);
+}
 
-  auto seq = backend_.new_sequence();
-  std::vector<float> logits;
-  backend::PrefillItem item{seq.get(), r.prompt, false};
-  if (auto s = backend_.prefill(std::span<const backend::PrefillItem>(&item, 1), logits); !s)
-    return fail(s.message());
-
-  const size_t V = static_cast<size_t>(vocab);
-  // Sampling runs on the backend when it can and the request reads no logits (logprobs).
-  TokenPicker picker(backend_, r.sampling, /*need_logits=*/r.logprobs);
-  picker.add_prompt(r.prompt);
-  if (auto s = picker.start(std::span<const float>(logits.data(), V)); !s) return fail(s.message());
-  std::deque<int32_t> forced(r.forced_ids.begin(), r.forced_ids.end());
-  bool in_thought = r.thinking.open_at_start;
-  bool closing = false;  // the forced close of the thought is under way
-  int thought_tokens = 0;
-  int64_t generated = 0;
-
-  for (;;) {
-    if (r.channel->cancelled(r.choice) || stop_now_.load(std::memory_order_relaxed)) {
-      done.finish = FinishReason::kCancelled;
-      break;
-    }
-    if (generated >= r.max_tokens) {
-      done.finish = FinishReason::kLength;
-      break;
-    }
-    if (in_thought && !closing && r.thinking.max_tokens >= 0 && thought_tokens >= r.thinking.max_tokens) {
-      forced.insert(forced.begin(), r.thinking.close_ids.begin(), r.thinking.close_ids.end());
-      closing = true;
-    }
-    const std::span<const float> row(logits.data(), V);
-    int32_t id;
-    if (!forced.empty()) {
-      id = forced.front();
-      forced.pop_front();
+bool Scheduler::step_once() {
+  take_new_requests();
+  // Cancelled requests free their slots and pages at once.
+  const bool stopping = stop_now_.load(std::memory_order_relaxed);
+  auto cancelled = [&](const Sequence& s) { return stopping || s.req.channel->cancelled(s.req.choice); };
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (cancelled(**it)) {
+      finish(**it, FinishReason::kCancelled);
+      it = running_.erase(it);
     } else {
-      id = picker.pick(row);
-    }
-    picker.accept(id);
-    ++generated;
-
-    SampledToken tok;
-    tok.id = id;
-    if (r.logprobs) {
-      tok.logprob = chosen_logprob(row, id).logprob;
-      tok.top = top_logprobs(row, r.top_logprobs);
-    }
-    if (id == r.thinking.start_id && r.thinking.start_id >= 0) {
-      in_thought = true;
-      thought_tokens = 0;
-    } else if (id == r.thinking.end_id && r.thinking.end_id >= 0) {
-      in_thought = false;
-      closing = false;
-    } else if (in_thought) {
-      ++thought_tokens;
-    }
-
-    const bool is_stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end();
-    if (is_stop) {
-      done.tokens.push_back(std::move(tok));
-      done.finish = FinishReason::kStop;
-      done.stop_id = id;
-      break;
-    }
-    if (generated >= r.max_tokens) {
-      done.tokens.push_back(std::move(tok));
-      done.finish = FinishReason::kLength;
-      break;
-    }
-    Event e;
-    e.choice = r.choice;
-    e.tokens.push_back(std::move(tok));
-    r.channel->push(std::move(e));
-
-    if (auto st = picker.advance(seq.get(), id, logits); !st) {
-      done.completion_tokens = generated;
-      return fail(st.message());
+      ++it;
     }
   }
-  done.completion_tokens = generated;
-  r.channel->push(std::move(done));
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (cancelled(**it)) {
+      finish(**it, FinishReason::kCancelled);
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (running_.empty() && waiting_.empty()) return false;
+
+  int64_t budget = opt_.max_num_batched_tokens;
+  std::vector<Sequence*> batch;
+  // Decode rows first, oldest first: a row that finds no page evicts cache checkpoints, then preempts the
+  // youngest running sequence (itself, if it is the youngest).
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i].get();
+    if (static_cast<int64_t>(s->tokens.size()) - s->computed != 1) continue;
+    bool ok = reserve_pages(*s, s->computed + 1);
+    while (!ok && running_.back().get() != s && preempt_youngest(s)) ok = reserve_pages(*s, s->computed + 1);
+    if (!ok) {
+      preempt_youngest(nullptr);  // s is the youngest: it waits for the others to finish
+      break;
+    }
+    s->chunk = 1;
+    --budget;
+    batch.push_back(s);
+  }
+  // Prompt chunks of running sequences, then of newly admitted ones, first come first served.
+  auto add_chunk = [&](Sequence& s) {
+    const int64_t remaining = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    // As many tokens as the budget, and the free pages with the sequence's own, hold.
+    auto fits = [&] {
+      return (static_cast<int64_t>(s.pages.size()) + pages_.free_count()) * page_size_ - s.computed;
+    };
+    int64_t n = std::min(remaining, budget);
+    while (n > fits() && cache_ && cache_->evict_one()) {
+    }
+    n = std::min(n, fits());
+    if (n <= 0 || !reserve_pages(s, s.computed + n)) return false;
+    s.chunk = n;
+    budget -= n;
+    batch.push_back(&s);
+    return true;
+  };
+  for (auto& up : running_) {
+    if (budget <= 0) break;
+    Sequence& s = *up;
+    if (static_cast<int64_t>(s.tokens.size()) - s.computed > 1) add_chunk(s);
+  }
+  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < opt_.max_num_seqs) {
+    Sequence& s = *waiting_.front();
+    if (!admit(s)) break;
+    if (!add_chunk(s)) {
+      release(s, false);
+      break;
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  if (batch.empty()) {
+    // Nothing fits: the running sequences hold every page. The youngest gives way (recomputed later).
+    if (running_.size() > 1) return preempt_youngest(running_.front().get());
+    // One sequence alone cannot get pages (the submit check makes this unreachable): fail it, never spin.
+    auto& stuck = running_.empty() ? waiting_.front() : running_.front();
+    finish(*stuck, FinishReason::kError, "the KV pages ran out for one sequence (raise --kv-cache-gb)");
+    if (running_.empty()) {
+      waiting_.pop_front();
+    } else {
+      running_.clear();
+    }
+    return true;
+  }
+
+  // The step.
+  std::vector<int32_t> tokens;
+  std::vector<backend::SeqRun> runs;
+  runs.reserve(batch.size());
+  for (Sequence* s : batch) {
+    backend::SeqRun run;
+    run.first_row = static_cast<int32_t>(tokens.size());
+    run.n_rows = static_cast<int32_t>(s->chunk);
+    run.start_pos = s->computed;
+    run.state_slot = s->slot;
+    run.kv_pages = s->pages;
+    const int64_t end = s->computed + s->chunk;
+    const bool last = end == static_cast<int64_t>(s->tokens.size());
+    const bool in_prompt = s->computed < s->prompt_len;
+    run.logits = s->req.prompt_logprobs && in_prompt ? backend::RunLogits::kAll
+                 : last && s->req.logprobs           ? backend::RunLogits::kLast
+                                                     : backend::RunLogits::kNone;
+    run.sample = last && s->req.max_tokens > 0 ? &s->sampling.spec() : nullptr;
+    tokens.insert(tokens.end(), s->tokens.begin() + s->computed, s->tokens.begin() + end);
+    // Prefix checkpoints inside this chunk: the end of each rendered message, the prompt's last token but one
+    // (a later identical prompt recomputes only its last token), and the chunk's end inside a prompt.
+    s->snaps.clear();
+    if (use_cache_ && in_prompt && !s->req.prompt_logprobs) {
+      std::vector<int64_t> at(s->req.message_ends.begin(), s->req.message_ends.end());
+      at.push_back(s->prompt_len - 1);
+      if (end < s->prompt_len - 1) at.push_back(end);
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+      for (int64_t p : at) {
+        if (p <= s->computed || p > end || p >= s->prompt_len) continue;
+        const auto prefix = std::span<const int32_t>(s->tokens).first(static_cast<size_t>(p));
+        if (const Checkpoint* have = cache_->lookup(prefix, p); have && have->depth == p) continue;
+        auto slot = slots_.take();
+        if (!slot) break;  // no free slot: skip (the running sequences' slots come first)
+        s->snaps.push_back({static_cast<int32_t>(p - s->computed), *slot});
+      }
+    }
+    run.snapshots = s->snaps;
+    runs.push_back(run);
+  }
+  backend::StepOut out;
+  const backend::Step st{tokens, runs};
+  const auto t0 = std::chrono::steady_clock::now();
+  const core::Status status = backend_.step(st, out);
+  ++steps_;
+  if (opt_.on_step) {
+    StepInfo info;
+    info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    info.seqs = static_cast<int64_t>(runs.size());
+    for (const auto& r : runs) {
+      if (r.n_rows == 1 && r.start_pos > 0) {
+        ++info.decode_rows;
+        info.kv_positions += r.start_pos + 1;
+      } else {
+        info.prefill_rows += r.n_rows;
+      }
+    }
+    opt_.on_step(info);
+  }
+  if (!status) {
+    for (Sequence* s : batch) {
+      for (const auto& sn : s->snaps) slots_.give_back(sn.slot);
+      s->snaps.clear();
+    }
+    for (auto& s : running_) finish(*s, FinishReason::kError, status.message());
+    running_.clear();
+    return true;
+  }
+
+  // The draws, in batch order; logits rows are in run order.
+  const size_t V = static_cast<size_t>(backend_.config().vocab_size);
+  size_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i];
+    const auto& run = runs[i];
+    const int64_t start = s.computed;
+    s.computed += s.chunk;
+    for (const auto& sn : s.snaps) {
+      const int64_t depth = start + sn.rows;
+      if (!cache_->insert(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(depth)), sn.slot,
+                          s.pages))
+        slots_.give_back(sn.slot);
+    }
+    s.snaps.clear();
+    const float* last_row = nullptr;
+    if (run.logits == backend::RunLogits::kAll) {
+      // Teacher forcing: row j predicts token start + j + 1.
+      for (int64_t j = 0; j < s.chunk; ++j) {
+        const int64_t next = start + j + 1;
+        const std::span<const float> lr(out.logits.data() + (row + static_cast<size_t>(j)) * V, V);
+        if (next < s.prompt_len) s.prompt_lp.push_back(log_prob(lr, s.tokens[static_cast<size_t>(next)]));
+      }
+      last_row = out.logits.data() + (row + static_cast<size_t>(s.chunk) - 1) * V;
+      row += static_cast<size_t>(s.chunk);
+    } else if (run.logits == backend::RunLogits::kLast) {
+      last_row = out.logits.data() + row * V;
+      row += 1;
+    }
+    if (s.computed != static_cast<int64_t>(s.tokens.size())) continue;
+    if (s.req.max_tokens == 0) {
+      Event e = final_event(s.req.choice, FinishReason::kLength);
+      e.prompt_tokens = s.prompt_len;
+      e.cached_tokens = s.cached;
+      e.prompt_logprobs = std::move(s.prompt_lp);
+      s.req.channel->push(std::move(e));
+      release(s, true);
+      s.done = true;
+      continue;
+    }
+    emit(s, out.sampled[i], last_row);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+  return true;
 }
 
 }  // namespace deltaflow::engine

@@ -1,33 +1,72 @@
-// The engine thread (DESIGN.md §5): owns the backend, takes GenerationRequests first come first served from a
-// bounded queue, runs one sequence at a time (prefill, then decode token by token), samples, detects stop
-// tokens and the thinking budget, and pushes the tokens to each request's ResponseChannel. It never sees
-// HTTP or JSON. Continuous batching replaces `serve_one` later without changing this interface.
+// The engine thread (docs/architecture.md §4): owns the backend and the memory it allocated, takes
+// GenerationRequests from a bounded queue, and runs continuous batching. Each step carries every running
+// sequence's next token (decode rows) and, in the token budget left, chunks of prompts (the oldest first),
+// admitting waiting requests first come first served while state slots and KV pages allow. A step's draws,
+// stop tokens, thinking budgets and finishes are pushed to each request's ResponseChannel. When the pages run
+// out, prefix-cache checkpoints go first, then the youngest running sequence is preempted and later
+// recomputed (its tokens so far become its prompt; the draws, keyed by (seed, step), stay the same). It never
+// sees HTTP or JSON.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "engine/kv_pages.hpp"
+#include "engine/prefix_cache.hpp"
 #include "engine/request.hpp"
 
 namespace deltaflow::engine {
 
+// One engine step, as the serving benchmark sees it.
+struct StepInfo {
+  double seconds = 0;        // the backend's step call
+  int64_t decode_rows = 0;   // runs of one token at a position > 0
+  int64_t prefill_rows = 0;  // rows of prompt chunks
+  int64_t seqs = 0;
+  int64_t kv_positions = 0;  // cache positions the decode rows' attention reads
+};
+
 struct SchedulerOptions {
-  size_t max_queue = 256;     // requests waiting (the running one not counted); more are refused
-  int64_t max_model_len = 0;  // prompt + generated tokens at most; 0: the model's max_position_embeddings
+  size_t max_queue = 256;                 // requests waiting (running ones not counted); more are refused
+  int64_t max_model_len = 0;              // prompt + generated tokens at most; 0: the backend's max context
+  int32_t max_num_seqs = 16;              // sequences running at once
+  int64_t max_num_batched_tokens = 2048;  // tokens one step carries (decode rows + prefill chunks)
+  // KV memory for the running sequences; 0: enough for max_num_seqs sequences of max_model_len (at most
+  // 8 GiB; fewer pages only mean earlier preemption).
+  double kv_cache_gb = 0;
+  bool prefix_cache = true;
+  double prefix_cache_gb = 1.0;  // checkpoints' state slots + KV pages only the cache holds
+  std::function<void(const StepInfo&)> on_step =
+      nullptr;  // called on the engine thread after each step (benchmarks)
+};
+
+// What the engine holds now (for /metrics).
+struct SchedulerStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_pages_used = 0, kv_pages_total = 0;
+  int64_t state_slots_used = 0, state_slots_total = 0;
+  int64_t prefix_checkpoints = 0, prefix_cache_bytes = 0;
+  int64_t prefix_hit_tokens = 0;  // prompt tokens served from the cache, since start
+  int64_t prefix_evictions = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
 };
 
 enum class SubmitResult { kQueued, kQueueFull, kStopped };
 
 class Scheduler {
  public:
-  // Starts the engine thread. The backend must outlive the scheduler.
-  Scheduler(backend::Backend& backend, const SchedulerOptions& options);
+  // Allocates the backend's pools and starts the engine thread. The backend must outlive the scheduler.
+  static core::Expected<std::unique_ptr<Scheduler>> start(backend::Backend& backend,
+                                                          const SchedulerOptions& o);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -36,25 +75,53 @@ class Scheduler {
   SubmitResult submit(std::vector<GenerationRequest> requests);
 
   size_t waiting() const;
-  bool busy() const { return busy_.load(std::memory_order_relaxed); }
+  bool busy() const;
+  SchedulerStats stats() const;
   int64_t max_model_len() const { return max_model_len_; }
+  const backend::Backend& backend() const { return backend_; }
 
-  // Finishes the running request as cancelled, fails the waiting ones, and joins the thread.
+  // Finishes the running requests as cancelled, fails the waiting ones, and joins the thread.
   void stop();
 
  private:
+  struct Sequence;
+  Scheduler(backend::Backend& backend, const SchedulerOptions& o);
+  core::Status plan();
   void run();
-  void serve_one(GenerationRequest& r);
+  // One step: admission, the batch, the backend, the draws. False when there was nothing to do.
+  bool step_once();
+  void take_new_requests();
+  bool admit(Sequence& s);
+  bool reserve_pages(Sequence& s, int64_t end);
+  bool preempt_youngest(const Sequence* keep);
+  void release(Sequence& s, bool to_cache);
+  void finish(Sequence& s, FinishReason why, const std::string& error = {});
+  void emit(Sequence& s, int32_t id, const float* row);
+  std::optional<int32_t> take_slot(const Checkpoint* keep);
+  void publish_stats();
+  std::string check_request(const GenerationRequest& r) const;
 
   backend::Backend& backend_;
-  size_t max_queue_;
-  int64_t max_model_len_;
+  SchedulerOptions opt_;
+  int64_t max_model_len_ = 0;
+  int32_t page_size_ = 16;
+  bool use_cache_ = false;
+
+  // Engine thread only.
+  KvPages pages_;
+  StateSlots slots_;
+  std::unique_ptr<PrefixCache> cache_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order; preempted ones go back to the front
+  uint64_t next_order_ = 0;
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<GenerationRequest> queue_;
+  std::deque<GenerationRequest> queue_;  // submitted, not yet taken by the engine thread
   bool stopping_ = false;
   std::atomic<bool> stop_now_{false};
-  std::atomic<bool> busy_{false};
+  SchedulerStats stats_;  // under mu_
+  int64_t hit_tokens_ = 0, preemptions_ = 0, steps_ = 0;
   std::thread thread_;
 };
 

@@ -150,6 +150,7 @@ GenerationRun::Pump GenerationRun::pump(std::chrono::milliseconds wait, const De
         break;
       }
     }
+    if (e.finished) c.cached_tokens = e.cached_tokens;
     if (ok && !c.finished && e.finished) {
       switch (e.finish) {
         case engine::FinishReason::kStop:
@@ -176,6 +177,12 @@ GenerationRun::Pump GenerationRun::pump(std::chrono::milliseconds wait, const De
   return done() ? Pump::kDone : Pump::kProgress;
 }
 
+int64_t GenerationRun::cached_tokens() const {
+  int64_t n = 0;
+  for (const auto& c : choices_) n += c.cached_tokens;
+  return n;
+}
+
 int64_t GenerationRun::total_ns() const {
   const auto end = end_.value_or(std::chrono::steady_clock::now());
   return std::chrono::duration_cast<std::chrono::nanoseconds>(end - arrival_).count();
@@ -195,7 +202,7 @@ void GenerationRun::record_metrics() {
   if (recorded_ || !submitted_) return;
   recorded_ = true;
   const int64_t generated = completion_tokens();
-  metrics_.tokens(prompt_tokens_, generated, 0);
+  metrics_.tokens(prompt_tokens_, generated, cached_tokens());
   if (first_token_ && last_token_ && generated > 1)
     metrics_.per_token(std::chrono::duration<double>(*last_token_ - *first_token_).count() /
                        static_cast<double>(generated - 1));

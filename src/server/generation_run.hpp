@@ -24,6 +24,7 @@ struct ChoiceState {
   std::string finish_reason;  // "stop", "length", "tool_calls"; empty while running
   std::string error;          // set when the engine failed this choice
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens, served from the prefix cache
   int64_t completion_tokens = 0;
   // Accumulated output, for non-streaming responses and for Ollama's whole tool calls.
   std::string content, reasoning;
@@ -59,6 +60,8 @@ class GenerationRun {
   std::optional<std::string> error() const;
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const;
+  // Prompt tokens the prefix cache served (summed over choices).
+  int64_t cached_tokens() const;
   void set_prompt_tokens(int64_t n) { prompt_tokens_ = n; }
   // Nanoseconds, for Ollama's duration fields.
   int64_t total_ns() const;

@@ -107,12 +107,30 @@ std::string Metrics::render(const QueueState& q) const {
   header(out, "deltaflow_generation_tokens_total", "counter", "Tokens generated.");
   out += "deltaflow_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
   header(out, "deltaflow_prefix_cache_hit_tokens_total", "counter",
-         "Prompt tokens served from the prefix cache (no prefix cache yet: 0).");
+         "Prompt tokens served from the prefix cache.");
   out += "deltaflow_prefix_cache_hit_tokens_total " + std::to_string(cached_tokens_) + "\n";
   header(out, "deltaflow_num_requests_waiting", "gauge", "Generation requests queued for the engine.");
   out += "deltaflow_num_requests_waiting " + std::to_string(q.waiting) + "\n";
   header(out, "deltaflow_num_requests_running", "gauge", "Generation requests the engine is running.");
   out += "deltaflow_num_requests_running " + std::to_string(q.running) + "\n";
+  auto gauge = [&](const char* name, const char* help, int64_t v) {
+    header(out, name, "gauge", help);
+    out += std::string(name) + " " + std::to_string(v) + "\n";
+  };
+  gauge("deltaflow_kv_pages_used", "KV pages held by running sequences and the prefix cache.",
+        q.kv_pages_used);
+  gauge("deltaflow_kv_pages_total", "KV pages in the pool.", q.kv_pages_total);
+  gauge("deltaflow_state_slots_used", "Recurrent-state slots held by running sequences and the prefix cache.",
+        q.state_slots_used);
+  gauge("deltaflow_state_slots_total", "Recurrent-state slots in the pool.", q.state_slots_total);
+  gauge("deltaflow_prefix_cache_checkpoints", "Prefix-cache checkpoints held.", q.prefix_checkpoints);
+  gauge("deltaflow_prefix_cache_bytes",
+        "Memory the prefix cache holds (its slots and the pages only it holds).", q.prefix_cache_bytes);
+  header(out, "deltaflow_prefix_cache_evictions_total", "counter", "Prefix-cache checkpoints evicted.");
+  out += "deltaflow_prefix_cache_evictions_total " + std::to_string(q.prefix_evictions) + "\n";
+  header(out, "deltaflow_num_preemptions_total", "counter",
+         "Running sequences preempted (to be recomputed) when the KV pages ran out.");
+  out += "deltaflow_num_preemptions_total " + std::to_string(q.preemptions) + "\n";
   header(out, "deltaflow_time_to_first_token_seconds", "histogram",
          "From request arrival to the first generated token.");
   ttft_.render("deltaflow_time_to_first_token_seconds", out);

@@ -113,7 +113,8 @@ Json final_fields(Json j, const GenerationRun& run, const ChoiceState& c) {
   j["done_reason"] = c.finish_reason == "tool_calls" ? "stop" : c.finish_reason;
   j["total_duration"] = run.total_ns();
   j["load_duration"] = 0;
-  j["prompt_eval_count"] = run.prompt_tokens();
+  // Ollama counts only the prompt tokens it evaluated: those the prefix cache served are not.
+  j["prompt_eval_count"] = run.prompt_tokens() - run.cached_tokens();
   j["prompt_eval_duration"] = run.prompt_eval_ns();
   j["eval_count"] = c.completion_tokens;
   j["eval_duration"] = run.eval_ns();

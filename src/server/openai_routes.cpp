@@ -74,7 +74,7 @@ Json usage_json(const GenerationRun& run) {
   return Json{{"prompt_tokens", run.prompt_tokens()},
               {"completion_tokens", run.completion_tokens()},
               {"total_tokens", run.prompt_tokens() + run.completion_tokens()},
-              {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+              {"prompt_tokens_details", {{"cached_tokens", run.cached_tokens()}}}};
 }
 
 Json chat_logprob_entry(const text::Tokenizer& tok, const engine::SampledToken& t) {

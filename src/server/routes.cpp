@@ -94,7 +94,17 @@ std::vector<engine::GenerationRequest> make_requests(const ServedModel& m,
   }
   std::vector<engine::GenerationRequest> out;
   int choice = 0;
+  const std::vector<int32_t> newline = m.tokenizer().encode("\n");
   for (const auto& prompt : prompts) {
+    // Where each rendered message ends (after <|im_end|> and its newline): prefix-cache checkpoints there let
+    // the next turn of this conversation reuse everything up to the last message it leaves unchanged.
+    std::vector<int64_t> message_ends;
+    for (size_t i = 0; i < prompt.size(); ++i)
+      if (prompt[i] == m.message_end_id()) {
+        size_t end = i + 1;
+        if (newline.size() == 1 && end < prompt.size() && prompt[end] == newline[0]) ++end;
+        message_ends.push_back(static_cast<int64_t>(end));
+      }
     const int64_t n_prompt = static_cast<int64_t>(prompt.size());
     if (prompt.empty()) throw bad_field(field, "the prompt is empty");
     for (int32_t id : prompt)
@@ -133,6 +143,7 @@ std::vector<engine::GenerationRequest> make_requests(const ServedModel& m,
       r.top_logprobs = p.top_logprobs;
       r.thinking = thinking;
       r.forced_ids = forced;
+      r.message_ends = message_ends;
       r.choice = choice;
       out.push_back(std::move(r));
     }

@@ -50,7 +50,10 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   m->name_ = o.served_name.empty() ? dir.filename().string() : o.served_name;
   if (m->name_.empty()) m->name_ = "model";
 
-  DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel));
+  engine::LoadLimits limits;
+  limits.max_sequences = o.engine.max_num_seqs;
+  limits.max_context = o.engine.max_model_len;
+  DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel, limits));
   DF_ASSIGN(auto tok, text::Tokenizer::load(o.model_dir));
   m->tokenizer_.emplace(std::move(tok));
 
@@ -106,12 +109,12 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
 
   if (auto id = m->tokenizer_->token_to_id("<think>")) m->think_start_ = *id;
   if (auto id = m->tokenizer_->token_to_id("</think>")) m->think_end_ = *id;
+  if (auto id = m->tokenizer_->token_to_id("<|im_end|>")) m->message_end_ = *id;
 
   const int64_t model_len = m->backend_->config().max_position_embeddings;
-  if (o.max_model_len > model_len)
-    return core::Error{"--max-model-len " + std::to_string(o.max_model_len) + " exceeds the model's " +
+  if (o.engine.max_model_len > model_len)
+    return core::Error{"--max-model-len " + std::to_string(o.engine.max_model_len) + " exceeds the model's " +
                        std::to_string(model_len) + " positions (max_position_embeddings)"};
-  m->max_model_len_ = o.max_model_len > 0 ? o.max_model_len : model_len;
 
   // Facts for /api/show and /api/tags.
   std::string seed;
@@ -133,10 +136,8 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
                             std::chrono::file_clock::to_sys(mtime).time_since_epoch())
                             .count();
 
-  engine::SchedulerOptions so;
-  so.max_queue = o.max_queue;
-  so.max_model_len = m->max_model_len_;
-  m->scheduler_ = std::make_unique<engine::Scheduler>(*m->backend_, so);
+  DF_ASSIGN(m->scheduler_, engine::Scheduler::start(*m->backend_, o.engine));
+  m->max_model_len_ = m->scheduler_->max_model_len();
   return m;
 }
 

@@ -36,9 +36,8 @@ struct ModelLoadOptions {
   std::string model_dir;
   engine::Device device = engine::Device::kAuto;
   int tensor_parallel = 1;
-  std::string served_name;    // empty: the directory's name
-  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
-  size_t max_queue = 256;
+  std::string served_name;          // empty: the directory's name
+  engine::SchedulerOptions engine;  // max_model_len 0: the model's max_position_embeddings
 };
 
 class ServedModel {
@@ -57,6 +56,9 @@ class ServedModel {
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   int32_t think_start_id() const { return think_start_; }
   int32_t think_end_id() const { return think_end_; }
+  // <|im_end|>: where a rendered chat message ends (prefix-cache checkpoints), -1 when the vocabulary has
+  // none.
+  int32_t message_end_id() const { return message_end_; }
   // The template writes calls as <function=...> XML (Qwen3.5); else the hermes JSON form (Qwen3).
   bool xml_tool_calls() const { return xml_tools_; }
   bool has_chat_template() const { return chat_template_.has_value(); }
@@ -84,7 +86,7 @@ class ServedModel {
   std::string chat_template_source_;
   GenerationDefaults defaults_;
   std::vector<int32_t> eos_ids_;
-  int32_t think_start_ = -1, think_end_ = -1;
+  int32_t think_start_ = -1, think_end_ = -1, message_end_ = -1;
   bool xml_tools_ = true;
   int64_t max_model_len_ = 0;
   int64_t parameters_ = 0;

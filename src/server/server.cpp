@@ -59,7 +59,7 @@ core::Status serve(const ServeOptions& o) {
   ctx.options = o;
   ctx.started_unix = unix_now();
   Listener svr;
-  const size_t threads = std::min<size_t>(1024, std::max<size_t>(16, o.max_queue + 32));
+  const size_t threads = std::min<size_t>(1024, std::max<size_t>(16, o.engine.max_queue + 32));
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(o.max_body_bytes);
   svr.set_read_timeout(30, 0);
@@ -118,8 +118,17 @@ core::Status serve(const ServeOptions& o) {
     QueueState q;
     if (ServedModel* m = ctx.model.load()) {
       q.loaded = true;
-      q.waiting = m->scheduler().waiting();
-      q.running = m->scheduler().busy() ? 1 : 0;
+      const engine::SchedulerStats st = m->scheduler().stats();
+      q.waiting = static_cast<size_t>(st.waiting);
+      q.running = static_cast<size_t>(st.running);
+      q.kv_pages_used = st.kv_pages_used;
+      q.kv_pages_total = st.kv_pages_total;
+      q.state_slots_used = st.state_slots_used;
+      q.state_slots_total = st.state_slots_total;
+      q.prefix_checkpoints = st.prefix_checkpoints;
+      q.prefix_cache_bytes = st.prefix_cache_bytes;
+      q.prefix_evictions = st.prefix_evictions;
+      q.preemptions = st.preemptions;
     }
     res.set_content(ctx.metrics.render(q), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -175,8 +184,7 @@ core::Status serve(const ServeOptions& o) {
   lo.device = o.device;
   lo.tensor_parallel = o.tensor_parallel;
   lo.served_name = o.served_model_name;
-  lo.max_model_len = o.max_model_len;
-  lo.max_queue = o.max_queue;
+  lo.engine = o.engine;
   auto loaded = ServedModel::load(lo);
   if (!loaded) return finish(core::Error{loaded.message()});
   std::unique_ptr<ServedModel> model = std::move(*loaded);

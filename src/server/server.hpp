@@ -20,8 +20,8 @@ struct ServeOptions {
   std::string api_key;            // empty: no key (loopback only, unless insecure_no_auth)
   bool insecure_no_auth = false;  // allow a non-loopback host without a key
   std::string served_model_name;  // empty: the model directory's name
-  int64_t max_model_len = 0;      // 0: the model's max_position_embeddings
-  size_t max_queue = 256;         // generation requests waiting for the engine; more get 429
+  // The engine: --max-model-len, --max-queue (more waiting requests get 429), --max-num-seqs, ...
+  engine::SchedulerOptions engine;
   bool default_enable_thinking = true;
   bool enable_test_hooks = false;    // accept "deltaflow_forced_tokens" (tests only)
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413

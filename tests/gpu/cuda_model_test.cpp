@@ -27,6 +27,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/gemv.cuh"
+#include "backend/sequence_stepper.hpp"
 #include "engine/generate.hpp"
 #include "gpu_test_util.hpp"
 #include "io/safetensors.hpp"
@@ -159,7 +160,11 @@ TEST_P(CudaModel, GreedyIdsMatchGoldens) {
   const auto ref = golden_.i32("greedy_ids");
   engine::GenerateOptions opt;
   opt.max_tokens = static_cast<int>(ref.size());
-  auto r = engine::generate(*cuda_, prompt, opt);
+  // Through the engine, as the commands run it.
+  backend::SequenceStepper stepper(*cuda_);
+  auto sched = engine::Scheduler::start(stepper, {.max_model_len = 512, .max_num_seqs = 2});
+  ASSERT_TRUE(sched.is_ok()) << sched.message();
+  auto r = engine::generate(**sched, prompt, opt);
   ASSERT_TRUE(r.is_ok()) << r.message();
   EXPECT_EQ(r->ids, ref);
   if (r->ids != ref) {

@@ -26,7 +26,7 @@
 namespace deltaflow {
 namespace {
 
-using backend::Backend;
+using backend::SequenceBackend;
 using backend::cuda::CudaBackend;
 using backend::cuda::CudaOptions;
 using backend::cuda::TpBackend;
@@ -58,7 +58,7 @@ int32_t argmax(const float* row, int64_t V) {
   return static_cast<int32_t>(std::max_element(row, row + V) - row);
 }
 
-Trace run_model(Backend& b, const std::vector<int32_t>* forced) {
+Trace run_model(SequenceBackend& b, const std::vector<int32_t>* forced) {
   Trace r;
   const int64_t V = b.config().vocab_size;
   std::vector<int32_t> prompt;

@@ -147,7 +147,10 @@ TEST_P(ModelGoldens, GreedyIdsMatchReference) {
   const auto ref = golden_.i32("greedy_ids");
   engine::GenerateOptions opt;
   opt.max_tokens = static_cast<int>(ref.size());
-  auto r = engine::generate(*backend_, prompt, opt);
+  // Through the engine, as every command runs it (the step seam, the scheduler, the prefix cache).
+  auto sched = engine::Scheduler::start(*backend_, {.max_model_len = 512, .max_num_seqs = 2});
+  ASSERT_TRUE(sched.is_ok()) << sched.message();
+  auto r = engine::generate(**sched, prompt, opt);
   ASSERT_TRUE(r.is_ok()) << r.message();
   EXPECT_EQ(r->ids, ref);
 }

@@ -187,7 +187,8 @@ def test_garbage_does_not_crash(server):
 
 
 def test_queue_full_is_429(start_server):
-    s = start_server("--max-queue", "1")
+    # One sequence at a time (--max-num-seqs 1): one runs, one waits in the queue of one, the next is refused.
+    s = start_server("--max-queue", "1", "--max-num-seqs", "1")
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1500, "ignore_eos": True}
     results = []
 
@@ -208,7 +209,8 @@ def test_queue_full_is_429(start_server):
 
 
 def test_queue_full_error_body(start_server):
-    s = start_server("--max-queue", "1")
+    # One sequence at a time (--max-num-seqs 1): one runs, one waits in the queue of one, the next is refused.
+    s = start_server("--max-queue", "1", "--max-num-seqs", "1")
     body = {"model": MODEL, "prompt": "x", "max_tokens": 2500, "ignore_eos": True, "stream": True}
     streams = []
     try:

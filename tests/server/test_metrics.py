@@ -33,8 +33,27 @@ def test_metrics_count_requests_and_tokens(server):
         assert after[h + "_count"] >= before.get(h + "_count", 0) + 1
         assert after[h + '_bucket{le="+Inf"}'] == after[h + "_count"]
     assert after["deltaflow_num_requests_waiting"] == 0
-    assert after["deltaflow_prefix_cache_hit_tokens_total"] == 0
     assert after["deltaflow_model_loaded"] == 1
+    for g in ("deltaflow_kv_pages_used", "deltaflow_kv_pages_total", "deltaflow_state_slots_used",
+              "deltaflow_state_slots_total", "deltaflow_prefix_cache_checkpoints", "deltaflow_num_preemptions_total",
+              "deltaflow_prefix_cache_evictions_total"):
+        assert g in after, g
+    assert after["deltaflow_kv_pages_total"] > 0 and after["deltaflow_state_slots_total"] > 0
+
+
+def test_prefix_cache_reuse_is_reported(server):
+    # The same prompt twice: the second reuses all but its last token, in usage and in /metrics.
+    prompt = "The prefix cache keeps the recurrent state of this exact prompt: " + "lorem ipsum " * 20
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0}
+    first = server.post("/v1/completions", body).json()
+    before = parse(server.get("/metrics").text)
+    second = server.post("/v1/completions", body).json()
+    after = parse(server.get("/metrics").text)
+    n = first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert (after["deltaflow_prefix_cache_hit_tokens_total"] - before["deltaflow_prefix_cache_hit_tokens_total"]
+            == n - 1)
 
 
 def test_health_is_503_while_loading(tmp_path, model_dir):

@@ -10,10 +10,14 @@
 namespace deltaflow::engine {
 namespace {
 
+// n draws of one sequence: each accepted, so each is the next step of the counter-based draw.
 std::vector<int32_t> draw(const SamplingParams& p, const std::vector<float>& logits, int n) {
   Sampler s(p);
   std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(s.sample(logits));
+  for (int i = 0; i < n; ++i) {
+    out.push_back(s.sample(logits));
+    s.accept(out.back());
+  }
   return out;
 }
 
@@ -30,6 +34,20 @@ TEST(EngineSampler, SameSeedSameTokensOtherSeedOtherTokens) {
   EXPECT_EQ(a, draw(p, kLogits, 64));
   p.seed = 43;
   EXPECT_NE(a, draw(p, kLogits, 64));
+}
+
+// A draw depends on (seed, step) alone: asking again before accepting gives the same id, and the host
+// reference's uniform is the one the GPU kernel uses (core/philox.hpp).
+TEST(EngineSampler, ADrawIsKeyedBySeedAndStep) {
+  const SamplingParams p{.temperature = 1.0f, .seed = 7};
+  Sampler s(p);
+  const int32_t first = s.sample(kLogits);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(kLogits), first);
+  const auto seq = draw(p, kLogits, 16);
+  EXPECT_EQ(seq[0], first);
+  Sampler t(p);
+  for (int i = 0; i < 10; ++i) t.accept(seq[static_cast<size_t>(i)]);
+  EXPECT_EQ(t.sample(kLogits), seq[10]);  // step 10, whatever came before
 }
 
 TEST(EngineSampler, TopKAndTopPAndMinPRestrictTheSupport) {

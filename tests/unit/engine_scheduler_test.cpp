@@ -1,11 +1,15 @@
-// The engine thread on a fake backend whose next token is always (last token + 1) mod vocab: stop ids,
-// max_tokens, forced tokens, the thinking budget, cancellation, the queue bound, FCFS order, errors.
+// The engine thread's request logic on a fake per-sequence backend (behind the real SequenceStepper) whose
+// next token is always (last token + 1) mod vocab: stop ids, max_tokens, forced tokens, the thinking budget,
+// cancellation, the queue bound, FCFS order, errors. The batching, paging and prefix cache on the real CPU
+// backend are in engine_batching_test.cpp.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
+#include "backend/sequence_stepper.hpp"
 #include "engine/scheduler.hpp"
 
 namespace deltaflow::engine {
@@ -19,7 +23,7 @@ struct FakeState : backend::SequenceState {
   int64_t length() const override { return pos; }
 };
 
-class FakeBackend : public backend::Backend {
+class FakeBackend : public backend::SequenceBackend {
  public:
   explicit FakeBackend(int64_t vocab = 16, int64_t max_len = 64) {
     config_.vocab_size = vocab;
@@ -28,6 +32,8 @@ class FakeBackend : public backend::Backend {
   const model::TextConfig& config() const override { return config_; }
   const char* name() const override { return "fake"; }
   std::unique_ptr<backend::SequenceState> new_sequence() override { return std::make_unique<FakeState>(); }
+  int max_sequences() const override { return 64; }
+  int64_t max_context() const override { return config_.max_position_embeddings; }
   core::Status prefill(std::span<const backend::PrefillItem> items, std::vector<float>& logits) override {
     logits.clear();
     for (const auto& it : items) {
@@ -64,6 +70,25 @@ class FakeBackend : public backend::Backend {
   std::chrono::milliseconds delay{0};
   bool fail_decode = false;
   std::atomic<int> prefills{0};
+};
+
+// The real engine over the fake model. The fake is owned by the stepper; `fake` stays valid meanwhile.
+struct Engine {
+  explicit Engine(SchedulerOptions o = {}, int64_t vocab = 16, std::chrono::milliseconds delay = {},
+                  bool fail_decode = false) {
+    auto f = std::make_unique<FakeBackend>(vocab);
+    f->delay = delay;
+    f->fail_decode = fail_decode;
+    fake = f.get();
+    stepper = std::make_unique<backend::SequenceStepper>(std::move(f));
+    auto started = Scheduler::start(*stepper, o);
+    EXPECT_TRUE(started.is_ok()) << started.message();
+    s = std::move(started).value();
+  }
+  FakeBackend* fake = nullptr;
+  std::unique_ptr<backend::SequenceStepper> stepper;
+  std::unique_ptr<Scheduler> s;
+  Scheduler* operator->() { return s.get(); }
 };
 
 struct Collected {
@@ -103,10 +128,9 @@ GenerationRequest make(std::vector<int32_t> prompt, int max_tokens, std::shared_
 }
 
 TEST(EngineScheduler, GreedyUntilLength) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto ch = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({3}, 5, ch)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({3}, 5, ch)}), SubmitResult::kQueued);
   auto c = collect(*ch);
   ASSERT_TRUE(c.finished);
   EXPECT_EQ(c.ids, (std::vector<int32_t>{4, 5, 6, 7, 8}));
@@ -116,12 +140,11 @@ TEST(EngineScheduler, GreedyUntilLength) {
 }
 
 TEST(EngineScheduler, StopTokenEndsAndIsReported) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto ch = std::make_shared<ResponseChannel>();
   auto r = make({1, 2}, 50, ch);
   r.stop_ids = {6};
-  ASSERT_EQ(s.submit({std::move(r)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r)}), SubmitResult::kQueued);
   auto c = collect(*ch);
   EXPECT_EQ(c.ids, (std::vector<int32_t>{3, 4, 5, 6}));
   EXPECT_EQ(c.last.finish, FinishReason::kStop);
@@ -129,18 +152,16 @@ TEST(EngineScheduler, StopTokenEndsAndIsReported) {
 }
 
 TEST(EngineScheduler, ForcedTokensComeFirstThenSampling) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto ch = std::make_shared<ResponseChannel>();
   auto r = make({0}, 5, ch);
   r.forced_ids = {9, 9, 12};
-  ASSERT_EQ(s.submit({std::move(r)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r)}), SubmitResult::kQueued);
   EXPECT_EQ(collect(*ch).ids, (std::vector<int32_t>{9, 9, 12, 13, 14}));
 }
 
 TEST(EngineScheduler, ThinkingBudgetForcesTheClose) {
-  FakeBackend b(32);
-  Scheduler s(b, {});
+  Engine s({}, 32);
   auto ch = std::make_shared<ResponseChannel>();
   auto r = make({0}, 12, ch);
   r.thinking.max_tokens = 3;
@@ -148,32 +169,30 @@ TEST(EngineScheduler, ThinkingBudgetForcesTheClose) {
   r.thinking.end_id = 31;
   r.thinking.open_at_start = true;
   r.thinking.close_ids = {20, 31, 20};
-  ASSERT_EQ(s.submit({std::move(r)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r)}), SubmitResult::kQueued);
   // 3 thought tokens, then the forced close, then sampling goes on from the last forced token.
   EXPECT_EQ(collect(*ch).ids, (std::vector<int32_t>{1, 2, 3, 20, 31, 20, 21, 22, 23, 24, 25, 26}));
 }
 
 TEST(EngineScheduler, ThinkingBudgetCountsFromAGeneratedThinkToken) {
-  FakeBackend b(32);
-  Scheduler s(b, {});
+  Engine s({}, 32);
   auto ch = std::make_shared<ResponseChannel>();
   auto r = make({28}, 8, ch);  // samples 29, then 30 = <think>, then 31 = </think> naturally
   r.thinking.max_tokens = 0;
   r.thinking.start_id = 30;
   r.thinking.end_id = 31;
   r.thinking.close_ids = {5, 31};
-  ASSERT_EQ(s.submit({std::move(r)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r)}), SubmitResult::kQueued);
   EXPECT_EQ(collect(*ch).ids, (std::vector<int32_t>{29, 30, 5, 31, 0, 1, 2, 3}));
 }
 
 TEST(EngineScheduler, LogprobsAreOfTheRawDistribution) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto ch = std::make_shared<ResponseChannel>();
   auto r = make({0}, 2, ch);
   r.logprobs = true;
   r.top_logprobs = 2;
-  ASSERT_EQ(s.submit({std::move(r)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r)}), SubmitResult::kQueued);
   auto c = collect(*ch);
   ASSERT_EQ(c.tokens.size(), 2u);
   // logits: 10 at id 1, 9 at id 2, 0 elsewhere (14 ids).
@@ -186,11 +205,9 @@ TEST(EngineScheduler, LogprobsAreOfTheRawDistribution) {
 }
 
 TEST(EngineScheduler, CancelStopsARunningRequest) {
-  FakeBackend b;
-  b.delay = 5ms;
-  Scheduler s(b, {});
+  Engine s({}, 16, 5ms);
   auto ch = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({0}, 60, ch)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({0}, 60, ch)}), SubmitResult::kQueued);
   std::vector<Event> evs;
   ASSERT_TRUE(ch->wait(2000ms, evs));
   ch->cancel();
@@ -201,19 +218,18 @@ TEST(EngineScheduler, CancelStopsARunningRequest) {
 }
 
 TEST(EngineScheduler, QueueBoundAndFirstComeFirstServed) {
-  FakeBackend b;
-  b.delay = 10ms;
-  Scheduler s(b, {.max_queue = 2});
+  // One sequence at a time, so that the later ones wait in the queue.
+  Engine s({.max_queue = 2, .max_num_seqs = 1}, 16, 10ms);
   auto first = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({0}, 20, first)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({0}, 20, first)}), SubmitResult::kQueued);
   std::vector<Event> evs;
   ASSERT_TRUE(first->wait(2000ms, evs));  // running now: the queue is empty again
   auto a = std::make_shared<ResponseChannel>();
   auto c2 = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({5}, 2, a), make({7}, 2, c2)}), SubmitResult::kQueued);
-  EXPECT_EQ(s.waiting(), 2u);
+  ASSERT_EQ(s->submit({make({5}, 2, a), make({7}, 2, c2)}), SubmitResult::kQueued);
+  EXPECT_EQ(s->waiting(), 2u);
   auto refused = std::make_shared<ResponseChannel>();
-  EXPECT_EQ(s.submit({make({1}, 2, refused)}), SubmitResult::kQueueFull);
+  EXPECT_EQ(s->submit({make({1}, 2, refused)}), SubmitResult::kQueueFull);
   auto ra = collect(*a);
   auto rc = collect(*c2);
   EXPECT_EQ(ra.ids, (std::vector<int32_t>{6, 7}));
@@ -222,13 +238,12 @@ TEST(EngineScheduler, QueueBoundAndFirstComeFirstServed) {
 }
 
 TEST(EngineScheduler, SeveralChoicesOnOneChannel) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto ch = std::make_shared<ResponseChannel>();
   auto r0 = make({0}, 3, ch);
   auto r1 = make({10}, 3, ch);
   r1.choice = 1;
-  ASSERT_EQ(s.submit({std::move(r0), std::move(r1)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({std::move(r0), std::move(r1)}), SubmitResult::kQueued);
   std::map<int, std::vector<int32_t>> ids;
   int finished = 0;
   std::vector<Event> evs;
@@ -245,16 +260,15 @@ TEST(EngineScheduler, SeveralChoicesOnOneChannel) {
 }
 
 TEST(EngineScheduler, BadRequestsFailWithoutHurtingTheEngine) {
-  FakeBackend b;
-  Scheduler s(b, {});
+  Engine s;
   auto bad_id = std::make_shared<ResponseChannel>();
   auto too_long = std::make_shared<ResponseChannel>();
   auto empty = std::make_shared<ResponseChannel>();
   auto good = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({99}, 2, bad_id)}), SubmitResult::kQueued);
-  ASSERT_EQ(s.submit({make({1}, 64, too_long)}), SubmitResult::kQueued);
-  ASSERT_EQ(s.submit({make({}, 2, empty)}), SubmitResult::kQueued);
-  ASSERT_EQ(s.submit({make({1}, 2, good)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({99}, 2, bad_id)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({1}, 64, too_long)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({}, 2, empty)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({1}, 2, good)}), SubmitResult::kQueued);
   EXPECT_EQ(collect(*bad_id).last.finish, FinishReason::kError);
   EXPECT_EQ(collect(*too_long).last.finish, FinishReason::kError);
   EXPECT_EQ(collect(*empty).last.finish, FinishReason::kError);
@@ -262,20 +276,16 @@ TEST(EngineScheduler, BadRequestsFailWithoutHurtingTheEngine) {
 }
 
 TEST(EngineScheduler, BackendFailureIsAnErrorEvent) {
-  FakeBackend b;
-  b.fail_decode = true;
-  Scheduler s(b, {});
+  Engine s({}, 16, {}, true);
   auto ch = std::make_shared<ResponseChannel>();
-  ASSERT_EQ(s.submit({make({1}, 5, ch)}), SubmitResult::kQueued);
+  ASSERT_EQ(s->submit({make({1}, 5, ch)}), SubmitResult::kQueued);
   auto c = collect(*ch);
   EXPECT_EQ(c.last.finish, FinishReason::kError);
   EXPECT_NE(c.last.error.find("fake decode failure"), std::string::npos);
 }
 
 TEST(EngineScheduler, StopFailsWaitingRequests) {
-  FakeBackend b;
-  b.delay = 20ms;
-  auto s = std::make_unique<Scheduler>(b, SchedulerOptions{});
+  Engine s({.max_num_seqs = 1}, 16, 20ms);
   auto running = std::make_shared<ResponseChannel>();
   auto waiting = std::make_shared<ResponseChannel>();
   ASSERT_EQ(s->submit({make({0}, 50, running), make({0}, 5, waiting)}), SubmitResult::kQueued);

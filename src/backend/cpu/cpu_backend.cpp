@@ -1,24 +1,30 @@
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/gated_deltanet.hpp"
 #include "backend/cpu/ops.hpp"
+#include "backend/host_sampling.hpp"
 #include "core/threads.hpp"
 
 namespace deltaflow::backend::cpu {
 
 using model::LayerType;
 
-core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& dir) {
+core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& dir, const CpuOptions& opt) {
+  if (opt.page_size < 1 || !std::has_single_bit(static_cast<uint32_t>(opt.page_size)))
+    return core::Error{"cpu backend: the KV page size must be a power of two, not " +
+                       std::to_string(opt.page_size)};
   std::unique_ptr<CpuBackend> b(new CpuBackend());
+  b->opt_ = opt;
   DF_ASSIGN(b->config_, model::load_text_config(dir));
   DF_ASSIGN(b->checkpoint_, io::Checkpoint::open(dir));
   DF_ASSIGN(b->weights_, model::bind_weights(b->config_, b->checkpoint_));
   const auto& c = b->config_;
 
-  int64_t n_linear = 0, n_full = 0;
   for (size_t i = 0; i < b->weights_.layers.size(); ++i) {
     const auto& L = b->weights_.layers[i];
     LayerConsts k;
@@ -27,13 +33,13 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
     if (L.type == LayerType::kFullAttention) {
       k.q_norm = load_all(L.attn.q_norm);
       k.k_norm = load_all(L.attn.k_norm);
-      b->type_index_.push_back(n_full++);
+      b->type_index_.push_back(b->n_full_++);
     } else {
       k.conv_w = load_all(L.linear.conv1d);
       k.dt_bias = load_all(L.linear.dt_bias);
       k.A_log = load_all(L.linear.A_log);
       k.gdn_norm = load_all(L.linear.norm);
-      b->type_index_.push_back(n_linear++);
+      b->type_index_.push_back(b->n_linear_++);
     }
     if (L.is_moe) k.shared_gate = load_all(L.moe.shared_expert_gate);
     b->consts_.push_back(std::move(k));
@@ -48,31 +54,29 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
   return b;
 }
 
-std::unique_ptr<SequenceState> CpuBackend::new_sequence() {
-  auto s = std::make_unique<CpuSequenceState>();
-  const auto& c = config_;
-  const int64_t n_full = c.count_layers(LayerType::kFullAttention);
-  const int64_t n_linear = c.count_layers(LayerType::kLinearAttention);
-  s->key_cache.resize(static_cast<size_t>(n_full));
-  s->value_cache.resize(static_cast<size_t>(n_full));
-  s->conv_state.assign(
-      static_cast<size_t>(n_linear),
-      std::vector<float>(static_cast<size_t>(c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1)), 0.f));
-  s->gdn_state.assign(static_cast<size_t>(n_linear),
-                      std::vector<float>(static_cast<size_t>(c.linear_num_value_heads *
-                                                             c.linear_key_head_dim * c.linear_value_head_dim),
-                                         0.f));
-  return s;
+// ---------------------------------------------------------------------------------------------------------------
+// Layers
+
+namespace {
+
+int64_t conv_floats(const model::TextConfig& c) {
+  return c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
+}
+int64_t gdn_floats(const model::TextConfig& c) {
+  return c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
 }
 
-void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, int64_t T, CpuSequenceState& s,
-                                bool recurrent, float* out) {
+}  // namespace
+
+void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::span<const RunMemory> runs,
+                                int64_t T, bool chunked, float* out) {
   const auto& c = config_;
   const auto& W = weights_.layers[layer].linear;
   const auto& k = consts_[layer];
   const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads, r = nv / nk;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), kd = c.linear_key_dim(), vd = c.linear_value_dim();
+  const int64_t Kc = c.linear_conv_kernel_dim;
 
   std::vector<float> qkv(static_cast<size_t>(T * C)), conv(static_cast<size_t>(T * C));
   std::vector<float> z(static_cast<size_t>(T * vd)), bb(static_cast<size_t>(T * nv)),
@@ -81,40 +85,107 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, int64_
   linear(x, T, W.in_proj_z, z.data());
   linear(x, T, W.in_proj_b, bb.data());
   linear(x, T, W.in_proj_a, aa.data());
-  causal_conv1d_silu(qkv.data(), T, C, k.conv_w.data(), c.linear_conv_kernel_dim, s.conv_state[li].data(),
-                     conv.data());
+
+  // The conv, per channel, each run's rows in order from its state. A run is cut where a snapshot of the
+  // state is asked for; neither the conv nor the token-by-token rule depends on where a segment ends, so a
+  // snapshot changes no number.
+  const int64_t S_conv = Kc - 1;
+  core::parallel_for(static_cast<size_t>(C), 64, [&](size_t b, size_t e) {
+    for (size_t ch = b; ch < e; ++ch)
+      for (const auto& run : runs) {
+        float* st = run.mem.conv[li] + static_cast<int64_t>(ch) * S_conv;
+        int64_t done = 0;
+        for (const auto& [rows, snap] : run.snapshots) {
+          causal_conv1d_silu_channel(qkv.data(), run.first_row + done, run.first_row + rows, C,
+                                     static_cast<int64_t>(ch), k.conv_w.data(), Kc, st, conv.data());
+          std::copy(st, st + S_conv, snap.conv[li] + static_cast<int64_t>(ch) * S_conv);
+          done = rows;
+        }
+        causal_conv1d_silu_channel(qkv.data(), run.first_row + done, run.first_row + run.n_rows, C,
+                                   static_cast<int64_t>(ch), k.conv_w.data(), Kc, st, conv.data());
+      }
+  });
 
   // Split the conv output into q, k (nk heads, repeated to nv: value head j reads key head j / r) and v.
   std::vector<float> q(static_cast<size_t>(T * nv * dk)), kk(static_cast<size_t>(T * nv * dk));
   std::vector<float> v(static_cast<size_t>(T * nv * dv)), g(static_cast<size_t>(T * nv)),
       beta(static_cast<size_t>(T * nv));
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = conv.data() + t * C;
-    std::vector<float> qh(static_cast<size_t>(nk * dk)), kh(static_cast<size_t>(nk * dk));
-    std::copy(row, row + kd, qh.begin());
-    std::copy(row + kd, row + 2 * kd, kh.begin());
-    l2norm(qh.data(), nk, dk, 1e-6f);
-    l2norm(kh.data(), nk, dk, 1e-6f);
-    for (int64_t j = 0; j < nv; ++j)
-      for (int64_t d = 0; d < dk; ++d) {
-        q[(t * nv + j) * dk + d] = qh[(j / r) * dk + d] * q_scale;
-        kk[(t * nv + j) * dk + d] = kh[(j / r) * dk + d];
-      }
-    std::copy(row + 2 * kd, row + 2 * kd + vd, v.begin() + t * vd);
-    for (int64_t j = 0; j < nv; ++j) {
-      beta[t * nv + j] = sigmoid(bb[t * nv + j]);
-      g[t * nv + j] = -std::exp(k.A_log[j]) * softplus(aa[t * nv + j] + k.dt_bias[j]);
-    }
-  }
-
   std::vector<float> o(static_cast<size_t>(T * nv * dv));
-  DeltaRuleArgs args{
-      q.data(), kk.data(), v.data(), g.data(), beta.data(), T, nv, dk, dv, s.gdn_state[li].data(), o.data()};
-  if (recurrent) {
-    gated_delta_rule_recurrent(args);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  core::parallel_for(static_cast<size_t>(T), 4, [&](size_t b, size_t e) {
+    std::vector<float> qh(static_cast<size_t>(nk * dk)), kh(static_cast<size_t>(nk * dk));
+    for (int64_t t = static_cast<int64_t>(b); t < static_cast<int64_t>(e); ++t) {
+      const float* row = conv.data() + t * C;
+      std::copy(row, row + kd, qh.begin());
+      std::copy(row + kd, row + 2 * kd, kh.begin());
+      l2norm(qh.data(), nk, dk, 1e-6f);
+      l2norm(kh.data(), nk, dk, 1e-6f);
+      for (int64_t j = 0; j < nv; ++j)
+        for (int64_t d = 0; d < dk; ++d) {
+          q[(t * nv + j) * dk + d] = qh[(j / r) * dk + d] * q_scale;
+          kk[(t * nv + j) * dk + d] = kh[(j / r) * dk + d];
+        }
+      std::copy(row + 2 * kd, row + 2 * kd + vd, v.begin() + t * vd);
+      for (int64_t j = 0; j < nv; ++j) {
+        beta[t * nv + j] = sigmoid(bb[t * nv + j]);
+        g[t * nv + j] = -std::exp(k.A_log[j]) * softplus(aa[t * nv + j] + k.dt_bias[j]);
+      }
+    }
+  });
+
+  const size_t head_floats = static_cast<size_t>(dk * dv);
+  auto args_for = [&](const RunMemory& run, int64_t t0, int64_t n) {
+    return DeltaRuleArgs{q.data() + t0 * nv * dk,
+                         kk.data() + t0 * nv * dk,
+                         v.data() + t0 * nv * dv,
+                         g.data() + t0 * nv,
+                         beta.data() + t0 * nv,
+                         n,
+                         nv,
+                         dk,
+                         dv,
+                         run.mem.gdn[li],
+                         o.data() + t0 * nv * dv};
+  };
+  if (chunked) {
+    // The WY form per run (multi-token segments), token by token for single tokens.
+    for (const auto& run : runs) {
+      int64_t done = 0;
+      auto segment = [&](int64_t end) {
+        if (end <= done) return;
+        const DeltaRuleArgs a = args_for(run, run.first_row + done, end - done);
+        if (end - done > 1) {
+          gated_delta_rule_chunked(a);
+        } else {
+          gated_delta_rule_recurrent(a);
+        }
+        done = end;
+      };
+      for (const auto& [rows, snap] : run.snapshots) {
+        segment(rows);
+        std::copy_n(run.mem.gdn[li], gdn_floats(c), snap.gdn[li]);
+      }
+      segment(run.n_rows);
+    }
   } else {
-    gated_delta_rule_chunked(args);
+    // Token by token, every (run, head) pair at once.
+    const size_t pairs = runs.size() * static_cast<size_t>(nv);
+    core::parallel_for(pairs, 1, [&](size_t b, size_t e) {
+      std::vector<float> kv(static_cast<size_t>(dv));
+      for (size_t p = b; p < e; ++p) {
+        const RunMemory& run = runs[p / static_cast<size_t>(nv)];
+        const int64_t h = static_cast<int64_t>(p % static_cast<size_t>(nv));
+        const DeltaRuleArgs a = args_for(run, run.first_row, run.n_rows);
+        int64_t done = 0;
+        for (const auto& [rows, snap] : run.snapshots) {
+          gated_delta_rule_recurrent_head(a, h, done, rows, kv.data());
+          std::copy_n(run.mem.gdn[li] + static_cast<size_t>(h) * head_floats, head_floats,
+                      snap.gdn[li] + static_cast<size_t>(h) * head_floats);
+          done = rows;
+        }
+        gated_delta_rule_recurrent_head(a, h, done, run.n_rows, kv.data());
+      }
+    });
   }
 
   // Gated RMSNorm per head (plain weight), times SiLU(z); then out_proj.
@@ -123,16 +194,16 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, int64_
   linear(o.data(), T, W.out_proj, out);
 }
 
-void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, int64_t T, CpuSequenceState& s,
-                                float* out) {
+void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, std::span<const RunMemory> runs,
+                                int64_t T, float* out) {
   const auto& c = config_;
   const auto& W = weights_.layers[layer].attn;
   const auto& k = consts_[layer];
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, grp = nh / nkv;
-  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd, kvw = nkv * hd;
 
-  std::vector<float> qg(static_cast<size_t>(T * nh * qw)), kx(static_cast<size_t>(T * nkv * hd)),
-      vx(static_cast<size_t>(T * nkv * hd));
+  std::vector<float> qg(static_cast<size_t>(T * nh * qw)), kx(static_cast<size_t>(T * kvw)),
+      vx(static_cast<size_t>(T * kvw));
   linear(x, T, W.q_proj, qg.data());
   linear(x, T, W.k_proj, kx.data());
   linear(x, T, W.v_proj, vx.data());
@@ -147,26 +218,33 @@ void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, int64_
     }
   rmsnorm_1p(q.data(), T * nh, hd, k.q_norm.data(), c.rms_norm_eps, q.data());
   rmsnorm_1p(kx.data(), T * nkv, hd, k.k_norm.data(), c.rms_norm_eps, kx.data());
-  const int64_t p0 = s.pos;
-  for (int64_t t = 0; t < T; ++t) {
-    rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p0 + t);
-    rope_neox(kx.data() + t * nkv * hd, nkv, hd, c.rotary_dim(), inv_freq_.data(), p0 + t);
-  }
-  auto& kc = s.key_cache[ai];
-  auto& vc = s.value_cache[ai];
-  kc.insert(kc.end(), kx.begin(), kx.end());
-  vc.insert(vc.end(), vx.begin(), vx.end());
+
+  // Each row: rotary at its position, its key and value into the sequence's pages.
+  std::vector<const RunMemory*> run_of(static_cast<size_t>(T));
+  for (const auto& run : runs)
+    for (int64_t i = 0; i < run.n_rows; ++i) {
+      const int64_t t = run.first_row + i, p = run.start_pos + i;
+      run_of[static_cast<size_t>(t)] = &run;
+      rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p);
+      rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p);
+      const int64_t row = run.mem.row_of(p);
+      std::copy(kx.begin() + t * kvw, kx.begin() + (t + 1) * kvw, run.mem.k[ai] + row * kvw);
+      std::copy(vx.begin() + t * kvw, vx.begin() + (t + 1) * kvw, run.mem.v[ai] + row * kvw);
+    }
 
   std::vector<float> o(static_cast<size_t>(T * nh * hd), 0.f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   core::parallel_for(static_cast<size_t>(T * nh), 1, [&](size_t b, size_t e) {
-    std::vector<float> sc(static_cast<size_t>(p0 + T));
+    std::vector<float> sc;
     for (size_t th = b; th < e; ++th) {
       const int64_t t = static_cast<int64_t>(th) / nh, h = static_cast<int64_t>(th) % nh, kvh = h / grp;
-      const int64_t n = p0 + t + 1;  // causal: keys 0 .. p0+t
+      const RunMemory& run = *run_of[static_cast<size_t>(t)];
+      const SeqMemory& m = run.mem;
+      const int64_t n = run.start_pos + (t - run.first_row) + 1;  // causal: keys 0 .. its position
+      sc.resize(static_cast<size_t>(n));
       const float* qh = q.data() + (t * nh + h) * hd;
       for (int64_t j = 0; j < n; ++j) {
-        const float* kj = kc.data() + (j * nkv + kvh) * hd;
+        const float* kj = m.k[ai] + m.row_of(j) * kvw + kvh * hd;
         float d = 0;
         for (int64_t i = 0; i < hd; ++i) d += qh[i] * kj[i];
         sc[j] = d * scale;
@@ -174,7 +252,7 @@ void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, int64_
       softmax(sc.data(), n);
       float* oh = o.data() + (t * nh + h) * hd;
       for (int64_t j = 0; j < n; ++j) {
-        const float* vj = vc.data() + (j * nkv + kvh) * hd;
+        const float* vj = m.v[ai] + m.row_of(j) * kvw + kvh * hd;
         for (int64_t i = 0; i < hd; ++i) oh[i] += sc[j] * vj[i];
       }
     }
@@ -251,19 +329,11 @@ void CpuBackend::ffn(size_t layer, const float* x, int64_t T, float* out) {
   }
 }
 
-core::Status CpuBackend::forward(CpuSequenceState& s, std::span<const int32_t> tokens, bool recurrent,
-                                 bool all_logits, std::vector<float>& logits, ForwardTrace* trace) {
+core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span<const RunMemory> runs,
+                                      std::span<const int64_t> head_rows, bool chunked,
+                                      std::vector<float>& logits, ForwardTrace* trace) {
   const auto& c = config_;
   const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
-  if (T == 0) return core::Error{"forward: no tokens"};
-  for (int32_t id : tokens)
-    if (id < 0 || id >= V)
-      return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                         std::to_string(V) + ")"};
-  if (s.pos + T > c.max_position_embeddings)
-    return core::Error{"sequence length " + std::to_string(s.pos + T) + " exceeds max_position_embeddings " +
-                       std::to_string(c.max_position_embeddings)};
-
   std::vector<float> h(static_cast<size_t>(T * H)), xn(static_cast<size_t>(T * H)),
       y(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) load_row(weights_.embed_tokens, tokens[t], h.data() + t * H);
@@ -273,9 +343,9 @@ core::Status CpuBackend::forward(CpuSequenceState& s, std::span<const int32_t> t
     const auto& k = consts_[l];
     rmsnorm_1p(h.data(), T, H, k.input_norm.data(), c.rms_norm_eps, xn.data());
     if (weights_.layers[l].type == LayerType::kFullAttention) {
-      full_attention(l, type_index_[l], xn.data(), T, s, y.data());
+      full_attention(l, type_index_[l], xn.data(), runs, T, y.data());
     } else {
-      gated_deltanet(l, type_index_[l], xn.data(), T, s, recurrent, y.data());
+      gated_deltanet(l, type_index_[l], xn.data(), runs, T, chunked, y.data());
     }
     for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
     rmsnorm_1p(h.data(), T, H, k.post_norm.data(), c.rms_norm_eps, xn.data());
@@ -283,14 +353,245 @@ core::Status CpuBackend::forward(CpuSequenceState& s, std::span<const int32_t> t
     for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
     if (trace) trace->hidden.push_back(h);
   }
-  s.pos += T;
 
   // Final norm and lm_head on the rows that need logits only.
-  const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
-  rmsnorm_1p(h.data() + first * H, rows, H, final_norm_.data(), c.rms_norm_eps, xn.data());
+  const int64_t rows = static_cast<int64_t>(head_rows.size());
+  for (int64_t i = 0; i < rows; ++i)
+    rmsnorm_1p(h.data() + head_rows[i] * H, 1, H, final_norm_.data(), c.rms_norm_eps, xn.data() + i * H);
   const size_t off = logits.size();
   logits.resize(off + static_cast<size_t>(rows * V));
   linear(xn.data(), rows, weights_.lm_head, logits.data() + off);
+  return core::Status();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The step seam
+
+size_t CpuBackend::page_bytes() const {
+  return static_cast<size_t>(n_full_ * 2 * opt_.page_size * config_.num_key_value_heads * config_.head_dim) *
+         4;
+}
+
+size_t CpuBackend::slot_bytes() const {
+  return static_cast<size_t>(n_linear_ * (conv_floats(config_) + gdn_floats(config_))) * 4;
+}
+
+core::Status CpuBackend::allocate(const PoolRequest& r) {
+  if (r.kv_pages < 1 || r.state_slots < 1 || r.max_step_rows < 1 || r.max_step_seqs < 1)
+    return core::Error{"cpu backend: a pool request needs at least one page, slot, row and sequence"};
+  const int64_t kv_row = config_.num_key_value_heads * config_.head_dim;
+  const size_t page_floats = static_cast<size_t>(opt_.page_size * kv_row);
+  try {
+    states_.reset(new float[static_cast<size_t>(r.state_slots) * slot_bytes() / 4]);
+    k_pages_.clear();
+    v_pages_.clear();
+    for (int64_t i = 0; i < n_full_; ++i) {
+      k_pages_.emplace_back(new float[static_cast<size_t>(r.kv_pages) * page_floats]);
+      v_pages_.emplace_back(new float[static_cast<size_t>(r.kv_pages) * page_floats]);
+    }
+  } catch (const std::bad_alloc&) {
+    states_.reset();
+    k_pages_.clear();
+    v_pages_.clear();
+    return core::Error{"cpu backend: out of memory for " + std::to_string(r.kv_pages) + " KV pages and " +
+                       std::to_string(r.state_slots) + " state slots"};
+  }
+  pools_.page_size = opt_.page_size;
+  pools_.kv_pages = r.kv_pages;
+  pools_.state_slots = r.state_slots;
+  pools_.max_step_rows = r.max_step_rows;
+  pools_.max_step_seqs = r.max_step_seqs;
+  pools_.max_context = config_.max_position_embeddings;
+  pools_.paged = true;
+  pools_.page_bytes = page_bytes();
+  pools_.slot_bytes = slot_bytes();
+  return core::Status();
+}
+
+SeqMemory CpuBackend::slot_memory(int32_t slot, std::span<const int32_t> pages) {
+  SeqMemory m;
+  const int64_t per_layer = conv_floats(config_) + gdn_floats(config_);
+  float* base = states_.get() + static_cast<int64_t>(slot) * n_linear_ * per_layer;
+  for (int64_t li = 0; li < n_linear_; ++li) {
+    m.conv.push_back(base + li * per_layer);
+    m.gdn.push_back(base + li * per_layer + conv_floats(config_));
+  }
+  for (int64_t ai = 0; ai < n_full_; ++ai) {
+    m.k.push_back(k_pages_[static_cast<size_t>(ai)].get());
+    m.v.push_back(v_pages_[static_cast<size_t>(ai)].get());
+  }
+  m.pages = pages.data();
+  m.page_shift = std::countr_zero(static_cast<uint32_t>(opt_.page_size));
+  m.kv_row = config_.num_key_value_heads * config_.head_dim;
+  return m;
+}
+
+core::Status CpuBackend::check_step(const Step& st) const {
+  if (pools_.state_slots == 0) return core::Error{"cpu backend: step before allocate()"};
+  const int64_t V = config_.vocab_size, n = static_cast<int64_t>(st.tokens.size());
+  for (int32_t id : st.tokens)
+    if (id < 0 || id >= V)
+      return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(V) + ")"};
+  if (n > pools_.max_step_rows || static_cast<int64_t>(st.runs.size()) > pools_.max_step_seqs)
+    return core::Error{"step: " + std::to_string(n) + " rows in " + std::to_string(st.runs.size()) +
+                       " runs exceed the planned " + std::to_string(pools_.max_step_rows) + " / " +
+                       std::to_string(pools_.max_step_seqs)};
+  int64_t next_row = 0;
+  std::vector<bool> slot_seen(static_cast<size_t>(pools_.state_slots));
+  for (const auto& r : st.runs) {
+    if (r.first_row != next_row || r.n_rows < 1 || r.first_row + r.n_rows > n)
+      return core::Error{"step: runs must cover the rows in order, each at least one row"};
+    next_row += r.n_rows;
+    if (r.state_slot < 0 || r.state_slot >= pools_.state_slots ||
+        slot_seen[static_cast<size_t>(r.state_slot)])
+      return core::Error{"step: state slot " + std::to_string(r.state_slot) +
+                         " is outside the pool or repeated"};
+    slot_seen[static_cast<size_t>(r.state_slot)] = true;
+    const int64_t end = r.start_pos + r.n_rows;
+    if (r.start_pos < 0 || end > pools_.max_context)
+      return core::Error{"sequence length " + std::to_string(end) + " exceeds max_position_embeddings " +
+                         std::to_string(pools_.max_context)};
+    const int64_t need = (end + pools_.page_size - 1) / pools_.page_size;
+    if (static_cast<int64_t>(r.kv_pages.size()) < need && n_full_ > 0)
+      return core::Error{"step: the block table has " + std::to_string(r.kv_pages.size()) + " pages, " +
+                         std::to_string(need) + " needed"};
+    for (int32_t p : r.kv_pages)
+      if (p < 0 || p >= pools_.kv_pages)
+        return core::Error{"step: KV page " + std::to_string(p) + " is outside the pool"};
+    int32_t last = 0;
+    for (const auto& s : r.snapshots) {
+      if (s.rows <= last || s.rows > r.n_rows || s.slot < 0 || s.slot >= pools_.state_slots ||
+          s.slot == r.state_slot)
+        return core::Error{"step: a state snapshot must name another slot after an ascending row count"};
+      last = s.rows;
+    }
+  }
+  if (next_row != n) return core::Error{"step: rows that belong to no run"};
+  return core::Status();
+}
+
+core::Status CpuBackend::step(const Step& st, StepOut& out) {
+  DF_TRY(check_step(st));
+  const size_t V = static_cast<size_t>(config_.vocab_size);
+  std::vector<RunMemory> runs;
+  std::vector<int64_t> head_rows;
+  for (const auto& r : st.runs) {
+    RunMemory rm;
+    rm.first_row = r.first_row;
+    rm.n_rows = r.n_rows;
+    rm.start_pos = r.start_pos;
+    rm.mem = slot_memory(r.state_slot, r.kv_pages);
+    if (r.start_pos == 0) {
+      const size_t per_slot = slot_bytes() / 4;
+      std::fill_n(states_.get() + per_slot * static_cast<size_t>(r.state_slot), per_slot, 0.0f);
+    }
+    for (const auto& s : r.snapshots) rm.snapshots.push_back({s.rows, slot_memory(s.slot, {})});
+    runs.push_back(std::move(rm));
+    const int64_t last = r.first_row + r.n_rows - 1;
+    if (r.logits == RunLogits::kAll) {
+      for (int64_t t = r.first_row; t <= last; ++t) head_rows.push_back(t);
+    } else if (r.logits == RunLogits::kLast || r.sample) {
+      head_rows.push_back(last);
+    }
+  }
+  std::vector<float> all;
+  DF_TRY(forward_rows(st.tokens, runs, head_rows, opt_.chunked_prefill, all, nullptr));
+
+  out.logits.clear();
+  out.sampled.assign(st.runs.size(), -1);
+  size_t at = 0;  // row of `all`
+  for (size_t i = 0; i < st.runs.size(); ++i) {
+    const auto& r = st.runs[i];
+    const size_t rows = r.logits == RunLogits::kAll ? static_cast<size_t>(r.n_rows)
+                                                    : (r.logits == RunLogits::kLast || r.sample ? 1 : 0);
+    if (r.logits != RunLogits::kNone)
+      out.logits.insert(out.logits.end(), all.begin() + static_cast<std::ptrdiff_t>(at * V),
+                        all.begin() + static_cast<std::ptrdiff_t>((at + rows) * V));
+    if (r.sample) {
+      const std::span<const float> last(all.data() + (at + rows - 1) * V, V);
+      out.sampled[i] = sample_row(last, *r.sample, work_);
+    }
+    at += rows;
+  }
+  return core::Status();
+}
+
+core::Status CpuBackend::copy_state(int32_t from, int32_t to) {
+  if (from < 0 || to < 0 || from >= pools_.state_slots || to >= pools_.state_slots)
+    return core::Error{"copy_state: slot outside the pool"};
+  if (from == to) return core::Status();
+  const size_t per_slot = slot_bytes() / 4;
+  std::copy_n(states_.get() + per_slot * static_cast<size_t>(from), per_slot,
+              states_.get() + per_slot * static_cast<size_t>(to));
+  return core::Status();
+}
+
+core::Status CpuBackend::copy_pages(std::span<const PageCopy> copies) {
+  const size_t page_floats =
+      static_cast<size_t>(opt_.page_size * config_.num_key_value_heads * config_.head_dim);
+  for (const auto& pc : copies) {
+    if (pc.from < 0 || pc.to < 0 || pc.from >= pools_.kv_pages || pc.to >= pools_.kv_pages)
+      return core::Error{"copy_pages: page outside the pool"};
+    for (auto* store : {&k_pages_, &v_pages_})
+      for (auto& layer : *store)
+        std::copy_n(layer.get() + page_floats * static_cast<size_t>(pc.from), page_floats,
+                    layer.get() + page_floats * static_cast<size_t>(pc.to));
+  }
+  return core::Status();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The per-sequence API
+
+std::unique_ptr<SequenceState> CpuBackend::new_sequence() {
+  auto s = std::make_unique<CpuSequenceState>();
+  const auto& c = config_;
+  s->key_cache.resize(static_cast<size_t>(n_full_));
+  s->value_cache.resize(static_cast<size_t>(n_full_));
+  s->conv_state.assign(static_cast<size_t>(n_linear_),
+                       std::vector<float>(static_cast<size_t>(conv_floats(c)), 0.f));
+  s->gdn_state.assign(static_cast<size_t>(n_linear_),
+                      std::vector<float>(static_cast<size_t>(gdn_floats(c)), 0.f));
+  return s;
+}
+
+core::Status CpuBackend::forward(CpuSequenceState& s, std::span<const int32_t> tokens, bool recurrent,
+                                 bool all_logits, std::vector<float>& logits, ForwardTrace* trace) {
+  const auto& c = config_;
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = c.vocab_size;
+  if (T == 0) return core::Error{"forward: no tokens"};
+  for (int32_t id : tokens)
+    if (id < 0 || id >= V)
+      return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(V) + ")"};
+  if (s.pos + T > c.max_position_embeddings)
+    return core::Error{"sequence length " + std::to_string(s.pos + T) + " exceeds max_position_embeddings " +
+                       std::to_string(c.max_position_embeddings)};
+  // The sequence's own memory, seen through an identity block table of one-position pages.
+  const int64_t kv_row = c.num_key_value_heads * c.head_dim, end = s.pos + T;
+  RunMemory run;
+  run.n_rows = T;
+  run.start_pos = s.pos;
+  for (int64_t li = 0; li < n_linear_; ++li) {
+    run.mem.conv.push_back(s.conv_state[static_cast<size_t>(li)].data());
+    run.mem.gdn.push_back(s.gdn_state[static_cast<size_t>(li)].data());
+  }
+  for (int64_t ai = 0; ai < n_full_; ++ai) {
+    s.key_cache[static_cast<size_t>(ai)].resize(static_cast<size_t>(end * kv_row));
+    s.value_cache[static_cast<size_t>(ai)].resize(static_cast<size_t>(end * kv_row));
+    run.mem.k.push_back(s.key_cache[static_cast<size_t>(ai)].data());
+    run.mem.v.push_back(s.value_cache[static_cast<size_t>(ai)].data());
+  }
+  std::vector<int32_t> identity(static_cast<size_t>(end));
+  for (int64_t p = 0; p < end; ++p) identity[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+  run.mem.pages = identity.data();
+  run.mem.page_shift = 0;
+  run.mem.kv_row = kv_row;
+  std::vector<int64_t> head_rows;
+  for (int64_t t = all_logits ? 0 : T - 1; t < T; ++t) head_rows.push_back(t);
+  DF_TRY(forward_rows(tokens, std::span<const RunMemory>(&run, 1), head_rows, !recurrent, logits, trace));
+  s.pos = end;
   return core::Status();
 }
 

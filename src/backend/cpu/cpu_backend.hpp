@@ -1,5 +1,16 @@
-// The CPU backend: the readable reference forward pass (DESIGN.md §3). Every later kernel is checked against
-// it.
+// The CPU backend: the readable reference forward pass (docs/architecture.md §3). Every later kernel is
+// checked against it.
+//
+// It serves the engine's step seam (backend.hpp) from pools it allocates once: KV pages [page][page_size][nkv
+// * head_dim] per full-attention layer and state slots (conv + fp32 Gated DeltaNet state per linear layer).
+// Every row of a step goes through the projections and the FFN together (the weights are read once per
+// step); the conv, the delta rule and attention run per sequence. By default the delta rule runs token by
+// token for every row (Options::chunked_prefill off), so a sequence's numbers do not depend on how its
+// tokens were grouped into steps: alone or in a batch, in one prefill or in chunks, from a prefix checkpoint
+// or cold, the logits are bit-identical.
+//
+// It also keeps the per-sequence API (sequence_backend.hpp) with memory of its own per sequence, which the
+// tests use to hold it to transformers' goldens and to run it beside the CUDA backend.
 #pragma once
 
 #include <memory>
@@ -7,12 +18,14 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/sequence_backend.hpp"
 #include "io/safetensors.hpp"
 #include "model/weights.hpp"
 
 namespace deltaflow::backend::cpu {
 
-// State of one sequence. Layers of each type are indexed densely ("n-th layer of its type").
+// State of one sequence on the per-sequence API. Layers of each type are indexed densely ("n-th layer of its
+// type").
 struct CpuSequenceState : SequenceState {
   int64_t pos = 0;
   std::vector<std::vector<float>> key_cache;    // per full-attention layer: [pos, nkv * head_dim]
@@ -37,16 +50,57 @@ struct LayerConsts {
   std::vector<float> shared_gate;                       // MoE shared-expert gate [hidden]
 };
 
-class CpuBackend final : public Backend {
+// Where one sequence's state and KV live during a forward pass.
+struct SeqMemory {
+  std::vector<float*> conv;  // per linear layer: [conv_dim, kernel - 1]
+  std::vector<float*> gdn;   // per linear layer: [nv, dk, dv]
+  std::vector<float*> k, v;  // per full-attention layer: the base of its page store, rows of kv_row floats
+  const int32_t* pages = nullptr;  // block table: position p is row (pages[p >> page_shift] << page_shift) +
+  int page_shift = 0;              // (p & (2^page_shift - 1)) of the store
+  int64_t kv_row = 0;
+  int64_t row_of(int64_t p) const {
+    return (static_cast<int64_t>(pages[p >> page_shift]) << page_shift) |
+           (p & ((int64_t{1} << page_shift) - 1));
+  }
+};
+
+// One sequence's rows in a forward pass.
+struct RunMemory {
+  int64_t first_row = 0, n_rows = 0, start_pos = 0;
+  SeqMemory mem;
+  std::vector<std::pair<int64_t, SeqMemory>> snapshots;  // (rows, where the state after them is copied)
+};
+
+struct CpuOptions {
+  // The chunked (WY) delta rule for runs of more than one token instead of the token-by-token rule. Equal to
+  // fp32 rounding, not bitwise: a sequence's numbers then depend on how its prompt was split into steps.
+  bool chunked_prefill = false;
+  int32_t page_size = 16;
+};
+
+class CpuBackend final : public Backend, public SequenceBackend {
  public:
   // Opens DIR (config.json + safetensors) and binds the weights.
-  static core::Expected<std::unique_ptr<CpuBackend>> load(const std::string& dir);
+  static core::Expected<std::unique_ptr<CpuBackend>> load(const std::string& dir, const CpuOptions& opt = {});
 
   const model::TextConfig& config() const override { return config_; }
   const char* name() const override { return "cpu"; }
   const model::ModelWeights& weights() const { return weights_; }
 
+  // The step seam.
+  int32_t page_size() const override { return opt_.page_size; }
+  size_t page_bytes() const override;
+  size_t slot_bytes() const override;
+  core::Status allocate(const PoolRequest& request) override;
+  const Pools& pools() const override { return pools_; }
+  core::Status step(const Step& step, StepOut& out) override;
+  core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
+  core::Status copy_pages(std::span<const PageCopy> copies) override;
+
+  // The per-sequence API (tests).
   std::unique_ptr<SequenceState> new_sequence() override;
+  int max_sequences() const override { return 1 << 20; }
+  int64_t max_context() const override { return config_.max_position_embeddings; }
   core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) override;
   core::Status decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                       std::vector<float>& logits) override;
@@ -58,19 +112,37 @@ class CpuBackend final : public Backend {
 
  private:
   CpuBackend() = default;
-  void gated_deltanet(size_t layer, int64_t linear_idx, const float* x, int64_t T, CpuSequenceState& s,
-                      bool recurrent, float* out);
-  void full_attention(size_t layer, int64_t attn_idx, const float* x, int64_t T, CpuSequenceState& s,
-                      float* out);
+  // The layers over every row of `tokens`; runs say which rows belong to which sequence. `head_rows` (sorted)
+  // are the rows whose logits are appended to `logits`. `chunked`: the WY delta rule for runs of > 1 row.
+  core::Status forward_rows(std::span<const int32_t> tokens, std::span<const RunMemory> runs,
+                            std::span<const int64_t> head_rows, bool chunked, std::vector<float>& logits,
+                            ForwardTrace* trace);
+  void gated_deltanet(size_t layer, int64_t linear_idx, const float* x, std::span<const RunMemory> runs,
+                      int64_t T, bool chunked, float* out);
+  void full_attention(size_t layer, int64_t attn_idx, const float* x, std::span<const RunMemory> runs,
+                      int64_t T, float* out);
   void ffn(size_t layer, const float* x, int64_t T, float* out);
+  SeqMemory slot_memory(int32_t slot, std::span<const int32_t> pages);
+  core::Status check_step(const Step& step) const;
 
   model::TextConfig config_;
+  CpuOptions opt_;
   io::Checkpoint checkpoint_;
   model::ModelWeights weights_;
   std::vector<LayerConsts> consts_;
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;      // RoPE, rotary_dim / 2 entries
   std::vector<int64_t> type_index_;  // layer -> index among layers of its type
+  int64_t n_linear_ = 0, n_full_ = 0;
+
+  // Pools (allocate()).
+  Pools pools_;
+  // Allocated uninitialised (memory is touched as it is used); a state slot is zeroed when a run starts
+  // at position 0, and only written KV positions are ever read.
+  std::unique_ptr<float[]> states_;                // [slot][linear layer][conv | gdn]
+  std::vector<std::unique_ptr<float[]>> k_pages_;  // per full-attention layer: [page][page_size][kv_row]
+  std::vector<std::unique_ptr<float[]>> v_pages_;
+  std::vector<float> work_;  // sampling scratch
 };
 
 }  // namespace deltaflow::backend::cpu

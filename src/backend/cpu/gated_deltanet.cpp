@@ -9,52 +9,59 @@
 
 namespace deltaflow::backend::cpu {
 
+void causal_conv1d_silu_channel(const float* in, int64_t t0, int64_t t1, int64_t C, int64_t ch,
+                                const float* w, int64_t K, float* state, float* out) {
+  const int64_t S = K - 1;
+  const float* wc = w + ch * K;
+  for (int64_t t = t0; t < t1; ++t) {
+    // The window: the state (oldest first), then this token's input.
+    float acc = 0;
+    for (int64_t j = 0; j < S; ++j) acc += wc[j] * state[j];
+    const float x = in[t * C + ch];
+    acc += wc[S] * x;
+    out[t * C + ch] = silu(acc);
+    for (int64_t j = 0; j + 1 < S; ++j) state[j] = state[j + 1];
+    if (S > 0) state[S - 1] = x;
+  }
+}
+
 void causal_conv1d_silu(const float* in, int64_t T, int64_t C, const float* w, int64_t K, float* state,
                         float* out) {
   const int64_t S = K - 1;
   core::parallel_for(static_cast<size_t>(C), 64, [&](size_t b, size_t e) {
-    std::vector<float> win(static_cast<size_t>(S + T));
-    for (size_t ch = b; ch < e; ++ch) {
-      // The channel's inputs: state (oldest first) then this block.
-      float* st = state + ch * S;
-      for (int64_t j = 0; j < S; ++j) win[j] = st[j];
-      for (int64_t t = 0; t < T; ++t) win[S + t] = in[t * C + ch];
-      const float* wc = w + ch * K;
-      for (int64_t t = 0; t < T; ++t) {
-        float acc = 0;
-        for (int64_t j = 0; j < K; ++j) acc += wc[j] * win[t + j];
-        out[t * C + ch] = silu(acc);
-      }
-      for (int64_t j = 0; j < S; ++j) st[j] = win[T + j];
-    }
+    for (size_t ch = b; ch < e; ++ch)
+      causal_conv1d_silu_channel(in, 0, T, C, static_cast<int64_t>(ch), w, K, state + ch * S, out);
   });
 }
 
-void gated_delta_rule_recurrent(const DeltaRuleArgs& a) {
+void gated_delta_rule_recurrent_head(const DeltaRuleArgs& a, int64_t h, int64_t t0, int64_t t1, float* kv) {
   const int64_t nv = a.nv, dk = a.dk, dv = a.dv;
-  core::parallel_for(static_cast<size_t>(nv), 1, [&](size_t hb, size_t he) {
-    std::vector<float> kv(static_cast<size_t>(dv));
-    for (size_t h = hb; h < he; ++h) {
-      float* S = a.S + h * dk * dv;
-      for (int64_t t = 0; t < a.T; ++t) {
-        const float* q = a.q + (t * nv + h) * dk;
-        const float* k = a.k + (t * nv + h) * dk;
-        const float* v = a.v + (t * nv + h) * dv;
-        const float decay = std::exp(a.g[t * nv + h]), beta = a.beta[t * nv + h];
-        for (int64_t i = 0; i < dk * dv; ++i) S[i] *= decay;
-        // kv = S^T k: what the state predicts for this key.
-        for (int64_t e = 0; e < dv; ++e) kv[e] = 0;
-        for (int64_t d = 0; d < dk; ++d)
-          for (int64_t e = 0; e < dv; ++e) kv[e] += S[d * dv + e] * k[d];
-        for (int64_t e = 0; e < dv; ++e) kv[e] = (v[e] - kv[e]) * beta;  // the delta
-        for (int64_t d = 0; d < dk; ++d)
-          for (int64_t e = 0; e < dv; ++e) S[d * dv + e] += k[d] * kv[e];
-        float* o = a.o + (t * nv + h) * dv;
-        for (int64_t e = 0; e < dv; ++e) o[e] = 0;
-        for (int64_t d = 0; d < dk; ++d)
-          for (int64_t e = 0; e < dv; ++e) o[e] += S[d * dv + e] * q[d];
-      }
-    }
+  float* S = a.S + h * dk * dv;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* q = a.q + (t * nv + h) * dk;
+    const float* k = a.k + (t * nv + h) * dk;
+    const float* v = a.v + (t * nv + h) * dv;
+    const float decay = std::exp(a.g[t * nv + h]), beta = a.beta[t * nv + h];
+    for (int64_t i = 0; i < dk * dv; ++i) S[i] *= decay;
+    // kv = S^T k: what the state predicts for this key.
+    for (int64_t e = 0; e < dv; ++e) kv[e] = 0;
+    for (int64_t d = 0; d < dk; ++d)
+      for (int64_t e = 0; e < dv; ++e) kv[e] += S[d * dv + e] * k[d];
+    for (int64_t e = 0; e < dv; ++e) kv[e] = (v[e] - kv[e]) * beta;  // the delta
+    for (int64_t d = 0; d < dk; ++d)
+      for (int64_t e = 0; e < dv; ++e) S[d * dv + e] += k[d] * kv[e];
+    float* o = a.o + (t * nv + h) * dv;
+    for (int64_t e = 0; e < dv; ++e) o[e] = 0;
+    for (int64_t d = 0; d < dk; ++d)
+      for (int64_t e = 0; e < dv; ++e) o[e] += S[d * dv + e] * q[d];
+  }
+}
+
+void gated_delta_rule_recurrent(const DeltaRuleArgs& a) {
+  core::parallel_for(static_cast<size_t>(a.nv), 1, [&](size_t hb, size_t he) {
+    std::vector<float> kv(static_cast<size_t>(a.dv));
+    for (size_t h = hb; h < he; ++h)
+      gated_delta_rule_recurrent_head(a, static_cast<int64_t>(h), 0, a.T, kv.data());
   });
 }
 

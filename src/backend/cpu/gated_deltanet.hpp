@@ -30,6 +30,12 @@ struct DeltaRuleArgs {
 
 // Token by token: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
 void gated_delta_rule_recurrent(const DeltaRuleArgs& a);
+// The same for one head h over tokens [t0, t1) of `a` (S: that head's [dk, dv] slice at a.S + h dk dv);
+// what gated_delta_rule_recurrent runs for each head. kv: scratch of dv floats.
+void gated_delta_rule_recurrent_head(const DeltaRuleArgs& a, int64_t h, int64_t t0, int64_t t1, float* kv);
+// One conv channel over tokens [t0, t1) of in [T, C]: state [K-1] (oldest first) carried and updated.
+void causal_conv1d_silu_channel(const float* in, int64_t t0, int64_t t1, int64_t C, int64_t ch,
+                                const float* w, int64_t K, float* state, float* out);
 // The same function in chunks of kGdnChunk tokens (WY form): the prefill algorithm.
 void gated_delta_rule_chunked(const DeltaRuleArgs& a);
 

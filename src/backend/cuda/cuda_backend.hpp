@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.hpp"
 #include "backend/cuda/gemm.hpp"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/op_profile.hpp"
+#include "backend/sequence_backend.hpp"
 #include "core/dtype.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
@@ -101,7 +101,7 @@ class CudaSequenceState final : public SequenceState {
   CudaBackend* owner = nullptr;  // must outlive the state
 };
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public SequenceBackend {
  public:
   // Opens DIR (config.json + safetensors) and uploads the weights.
   static core::Expected<std::unique_ptr<CudaBackend>> load(const std::string& dir,
@@ -115,6 +115,8 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
 
   std::unique_ptr<SequenceState> new_sequence() override;
+  int max_sequences() const override { return opt_.max_sequences; }
+  int64_t max_context() const override { return plan_.max_context; }
   core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) override;
   core::Status decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                       std::vector<float>& logits) override;

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/sampling.cuh"
+#include "core/philox.hpp"
 
 namespace deltaflow::backend::cuda {
 
@@ -23,24 +24,6 @@ struct Cand {
 
 // Dynamic shared memory: per-thread histograms [bin][thread] (no atomics, conflict-free) and the list.
 constexpr size_t kSmemBytes = static_cast<size_t>(kBins) * kThreads * 8 + static_cast<size_t>(kListCap) * 16;
-
-__host__ __device__ inline uint32_t philox_first_word(uint64_t seed, uint64_t step) {
-  uint32_t c0 = static_cast<uint32_t>(step), c1 = static_cast<uint32_t>(step >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return c0;
-}
 
 // NaN never wins (-inf), and -0 sorts as +0 (the host compares values).
 __device__ __forceinline__ float clean(float x) {
@@ -375,7 +358,8 @@ __global__ void __launch_bounds__(kThreads)
   block_scan<float>(s, fscratch, excl, incl, total);
   if (tid == 0) pick = kNoPick;
   __syncthreads();
-  const float u = static_cast<float>(philox_first_word(p.seed, p.step) >> 8) * (1.0f / 16777216.0f) * total;
+  const float u =
+      static_cast<float>(core::philox_first_word(p.seed, p.step) >> 8) * (1.0f / 16777216.0f) * total;
   if (s > 0.0f && excl <= u && u < incl) {
     float acc = excl;
     int found = -1, last = -1;
@@ -408,7 +392,7 @@ cudaError_t sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowP
 }
 
 double sampling_uniform(uint64_t seed, uint64_t step) {
-  return static_cast<double>(philox_first_word(seed, step) >> 8) / 16777216.0;
+  return static_cast<double>(core::philox_first_word(seed, step) >> 8) / 16777216.0;
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -37,7 +37,7 @@ class TpSequenceState final : public SequenceState {
   const void* owner = nullptr;
 };
 
-class TpBackend final : public Backend {
+class TpBackend final : public SequenceBackend {
  public:
   static core::Expected<std::unique_ptr<TpBackend>> load(const std::string& dir, const CudaOptions& opt,
                                                          const TpOptions& tp);
@@ -49,6 +49,8 @@ class TpBackend final : public Backend {
   const model::TextConfig& config() const override { return config_; }
   const char* name() const override { return "cuda"; }
   int world() const { return static_cast<int>(ranks_.size()); }
+  int max_sequences() const override { return ranks_[0]->max_sequences(); }
+  int64_t max_context() const override { return ranks_[0]->max_context(); }
 
   std::unique_ptr<SequenceState> new_sequence() override;
   core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) override;

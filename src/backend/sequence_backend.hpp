@@ -1,0 +1,69 @@
+// The per-sequence API of a backend that keeps each sequence's memory itself (the CUDA and tensor-parallel
+// backends today: a state slot with the KV cache of max_context positions beside it). SequenceStepper
+// (sequence_stepper.hpp) puts such a backend behind the engine's step seam (backend.hpp). Tests also use it
+// to run the CPU reference and the CUDA backend side by side.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "core/status.hpp"
+#include "model/config.hpp"
+
+namespace deltaflow::backend {
+
+// Per-sequence state: the KV cache of the full-attention layers, and the conv + fp32 Gated DeltaNet state of
+// the linear layers. Opaque to callers; each backend defines its own.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t length() const = 0;  // tokens consumed so far
+};
+
+struct PrefillItem {
+  SequenceState* state = nullptr;
+  std::span<const int32_t> tokens;  // appended after the tokens the state already holds
+  bool all_logits = false;          // logits for every token (teacher forcing) instead of the last only
+};
+
+class SequenceBackend {
+ public:
+  virtual ~SequenceBackend() = default;
+  virtual const model::TextConfig& config() const = 0;
+  virtual const char* name() const = 0;
+
+  virtual std::unique_ptr<SequenceState> new_sequence() = 0;
+  // Sequences new_sequence can hand out at once, and positions each may hold.
+  virtual int max_sequences() const = 0;
+  virtual int64_t max_context() const = 0;
+
+  // Runs each item's tokens (chunked Gated DeltaNet, attention over the whole prompt). `logits` receives, in
+  // item order, one row of vocab_size floats per requested position.
+  virtual core::Status prefill(std::span<const PrefillItem> items, std::vector<float>& logits) = 0;
+
+  // One token per sequence (recurrent Gated DeltaNet step, attention over the cache). logits: [n, vocab].
+  virtual core::Status decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                              std::vector<float>& logits) = 0;
+
+  // Sampling on the backend, so that no logits cross to the host. A backend that returns true implements
+  // both calls below; otherwise the caller samples the logits on the host (host_sampling.hpp).
+  virtual bool can_sample() const { return false; }
+  // decode, then ids[i] = a draw from sequence i's next-token logits under specs[i].
+  virtual core::Status decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                                     std::span<const SamplingSpec> specs, std::vector<int32_t>& ids) {
+    (void)seqs, (void)tokens, (void)specs, (void)ids;
+    return core::Error{std::string(name()) + " backend: no sampling on the backend"};
+  }
+  // ids[i] = a draw from row i of host logits [specs.size(), vocab] (the token after a prefill).
+  virtual core::Status sample_logits(std::span<const float> logits, std::span<const SamplingSpec> specs,
+                                     std::vector<int32_t>& ids) {
+    (void)logits, (void)specs, (void)ids;
+    return core::Error{std::string(name()) + " backend: no sampling on the backend"};
+  }
+};
+
+}  // namespace deltaflow::backend

@@ -1,0 +1,49 @@
+// Puts a SequenceBackend (each sequence's KV kept beside its state, sequence_backend.hpp) behind the step
+// seam. Engine state slot i is the i-th sequence the backend hands out; a run at start_pos 0 starts it
+// afresh. The KV of a sequence is not in the engine's pages (Pools::paged is false): no page sharing, no
+// state copies, so no prefix cache on such a backend. Prefill runs go one by one; the decode rows of a step
+// go together (the backend's batched decode, CUDA graphs on CUDA).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/sequence_backend.hpp"
+
+namespace deltaflow::backend {
+
+class SequenceStepper final : public Backend {
+ public:
+  explicit SequenceStepper(std::unique_ptr<SequenceBackend> inner);
+  // Not owning: `inner` must outlive the stepper (tests that also use the backend directly).
+  explicit SequenceStepper(SequenceBackend& inner);
+
+  const model::TextConfig& config() const override { return inner_->config(); }
+  const char* name() const override { return inner_->name(); }
+  int32_t page_size() const override;
+  size_t page_bytes() const override { return 0; }
+  size_t slot_bytes() const override { return 0; }
+  core::Status allocate(const PoolRequest& request) override;
+  const Pools& pools() const override { return pools_; }
+  core::Status step(const Step& step, StepOut& out) override;
+  core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
+  core::Status copy_pages(std::span<const PageCopy> copies) override;
+
+  SequenceBackend& inner() { return *inner_; }
+
+ private:
+  core::Expected<SequenceState*> sequence_for(const SeqRun& run);
+  // The draw from one host row: on the backend when it samples, else the host reference.
+  core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec);
+
+  std::unique_ptr<SequenceBackend> owned_;
+  SequenceBackend* inner_ = nullptr;
+  Pools pools_;
+  std::vector<std::unique_ptr<SequenceState>> seqs_;  // by state slot
+  std::vector<float> logits_;
+  std::vector<int32_t> ids_;
+  std::vector<float> work_;
+};
+
+}  // namespace deltaflow::backend

@@ -1,0 +1,322 @@
+// `deltaflow bench --requests N --input-len L --output-len M [--max-concurrency C]`: the serving benchmark.
+// N requests of L random prompt tokens and M generated tokens (no early stop) go straight to the engine (no
+// HTTP), at most C in flight; it reports total and output tokens per second, TTFT and TPOT percentiles, and
+// each decode step's time against its roofline: bytes = weights + the KV the decode rows read + the
+// recurrent states read and written, over the copy bandwidth measured in the same run (CUDA). `--prefix-hit
+// K` then measures TTFT for a cached K-token prefix plus 50 new tokens.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "backend/sequence_stepper.hpp"
+#include "cli/args.hpp"
+#include "cli/bench_cuda.hpp"
+#include "cli/commands.hpp"
+#include "cli/model_options.hpp"
+#include "engine/generate.hpp"
+#include "engine/scheduler.hpp"
+
+#ifdef DELTAFLOW_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#endif
+
+namespace deltaflow::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+struct Roofline {
+  double copy_bw = 0;    // bytes/s (0: not measured: no ratios)
+  double gemm_rate = 0;  // FLOP/s
+  double weight_bytes = 0;
+  double params = 0;  // weights as parameters (2 FLOPs each per prefill row)
+  double kv_bytes_per_pos = 0;
+  double state_bytes = 0;  // one sequence's recurrent state
+};
+
+struct Work {
+  std::vector<int32_t> prompt;
+  int max_tokens = 1;
+  Clock::time_point submitted;
+  std::optional<Clock::time_point> first, last;
+  int64_t tokens = 0, cached = 0;
+  bool done = false;
+  std::string error;
+};
+
+// Runs `work` through the engine, at most `concurrency` in flight.
+core::Status drive(engine::Scheduler& s, std::vector<Work>& work, int concurrency) {
+  auto ch = std::make_shared<engine::ResponseChannel>();
+  size_t next = 0, finished = 0;
+  int inflight = 0;
+  std::vector<engine::Event> events;
+  while (finished < work.size()) {
+    while (inflight < concurrency && next < work.size()) {
+      engine::GenerationRequest r;
+      r.prompt = work[next].prompt;
+      r.max_tokens = work[next].max_tokens;
+      r.channel = ch;
+      r.choice = static_cast<int>(next);
+      work[next].submitted = Clock::now();
+      std::vector<engine::GenerationRequest> one;
+      one.push_back(std::move(r));
+      if (s.submit(std::move(one)) != engine::SubmitResult::kQueued)
+        return core::Error{"the engine refused a request (queue full or stopped)"};
+      ++next;
+      ++inflight;
+    }
+    if (!ch->wait(std::chrono::milliseconds(100), events)) continue;
+    const auto now = Clock::now();
+    for (const auto& e : events) {
+      Work& w = work[static_cast<size_t>(e.choice)];
+      if (!e.tokens.empty()) {
+        if (!w.first) w.first = now;
+        w.last = now;
+        w.tokens += static_cast<int64_t>(e.tokens.size());
+      }
+      if (e.finished) {
+        w.done = true;
+        w.cached = e.cached_tokens;
+        if (e.finish == engine::FinishReason::kError) return core::Error{"a request failed: " + e.error};
+        ++finished;
+        --inflight;
+      }
+    }
+  }
+  return core::Status();
+}
+
+std::vector<int32_t> random_ids(std::mt19937_64& rng, int64_t n, int64_t vocab) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return v;
+}
+
+struct Loaded {
+  std::unique_ptr<backend::Backend> backend;
+  Roofline roof;
+};
+
+core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo, uint64_t seed) {
+  Loaded l;
+  const auto synth = args.get("--synthetic");
+  if (synth.has_value() == args.has("--model"))
+    return core::Error{"give one of --synthetic CONFIG.json or --model DIR"};
+#ifdef DELTAFLOW_HAVE_CUDA
+  if (synth) {
+    std::ifstream in(*synth, std::ios::binary);
+    if (!in) return core::Error{*synth + ": cannot read"};
+    std::stringstream text;
+    text << in.rdbuf();
+    DF_ASSIGN(model::TextConfig config, model::parse_text_config(text.str(), *synth));
+    backend::cuda::CudaOptions opt;
+    opt.max_sequences = eo.max_num_seqs;
+    opt.max_context = eo.max_model_len;
+    DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
+    l.roof.weight_bytes = static_cast<double>(b->weight_bytes());
+    l.roof.params = l.roof.weight_bytes / 2.0;
+    const auto& c = b->config();
+    const double n_full = static_cast<double>(c.count_layers(model::LayerType::kFullAttention));
+    const double n_lin = static_cast<double>(c.count_layers(model::LayerType::kLinearAttention));
+    l.roof.kv_bytes_per_pos = n_full * 2.0 * static_cast<double>(c.num_key_value_heads * c.head_dim) * 2.0;
+    l.roof.state_bytes =
+        n_lin * 4.0 *
+        static_cast<double>(c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1) +
+                            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim);
+    DF_ASSIGN(l.roof.copy_bw, measure_copy_bandwidth());
+    DF_ASSIGN(l.roof.gemm_rate, measure_gemm_rate());
+    l.backend = std::make_unique<backend::SequenceStepper>(std::move(b));
+    return l;
+  }
+#else
+  (void)seed;
+  if (synth)
+    return core::Error{"--synthetic: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
+#endif
+  DF_ASSIGN(l.backend, open_backend(args, eo));
+  return l;
+}
+
+}  // namespace
+
+int cmd_bench_serving(const Argv& argv) {
+  const std::string cmd = "bench";
+  ArgSpec spec{{"--synthetic", "--model", "--device", "--requests", "--input-len", "--output-len",
+                "--max-concurrency", "--prefix-hit", "--seed", "--tensor-parallel-size"},
+               {"--json"},
+               0};
+  add_engine_flags(spec);
+  auto args = Args::parse(argv, spec);
+  if (!args) return fail(cmd, args.message());
+  auto n = args->get_int("--requests", 0);
+  auto in_len = args->get_int("--input-len", 512);
+  auto out_len = args->get_int("--output-len", 128);
+  if (!n || *n < 1 || *n > 100000) return fail(cmd, "flag --requests must be in [1, 100000]");
+  if (!in_len || *in_len < 1) return fail(cmd, "flag --input-len must be a positive integer");
+  if (!out_len || *out_len < 1) return fail(cmd, "flag --output-len must be a positive integer");
+  auto conc = args->get_int("--max-concurrency", *n);
+  if (!conc || *conc < 1) return fail(cmd, "flag --max-concurrency must be a positive integer");
+  auto hit = args->get_int("--prefix-hit", 0);
+  if (!hit || *hit < 0) return fail(cmd, "flag --prefix-hit must be a non-negative integer");
+  auto seed = args->get_int("--seed", 1);
+  if (!seed) return fail(cmd, seed.message());
+  auto eo = parse_engine_options(*args);
+  if (!eo) return fail(cmd, eo.message());
+  const int64_t need_len = std::max<int64_t>(*in_len + *out_len, *hit + 51);
+  if (!args->has("--max-num-seqs")) eo->max_num_seqs = static_cast<int32_t>(std::min<long long>(*conc, 256));
+  if (eo->max_model_len == 0) eo->max_model_len = need_len;
+  if (eo->max_model_len < need_len)
+    return fail(cmd, "flag --max-model-len " + std::to_string(eo->max_model_len) + " is shorter than " +
+                         std::to_string(need_len) + " (input + output, or the prefix-hit prompt)");
+
+  std::mutex steps_mu;
+  std::vector<engine::StepInfo> steps;
+  eo->on_step = [&](const engine::StepInfo& s) {
+    std::lock_guard<std::mutex> lock(steps_mu);
+    steps.push_back(s);
+  };
+  auto loaded = load(*args, *eo, static_cast<uint64_t>(*seed));
+  if (!loaded) return fail(cmd, loaded.message());
+  auto sched = engine::Scheduler::start(*loaded->backend, *eo);
+  if (!sched) return fail(cmd, sched.message());
+  const Roofline roof = loaded->roof;
+  const int64_t vocab = loaded->backend->config().vocab_size;
+
+  std::mt19937_64 rng(static_cast<uint64_t>(*seed));
+  std::vector<Work> work(static_cast<size_t>(*n));
+  for (auto& w : work) {
+    w.prompt = random_ids(rng, *in_len, vocab);
+    w.max_tokens = static_cast<int>(*out_len);
+  }
+  const auto t0 = Clock::now();
+  if (auto st = drive(**sched, work, static_cast<int>(*conc)); !st) return fail(cmd, st.message());
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<engine::StepInfo> run_steps;
+  {
+    std::lock_guard<std::mutex> lock(steps_mu);
+    run_steps.swap(steps);
+  }
+
+  std::vector<double> ttft, tpot;
+  int64_t out_tokens = 0;
+  for (const auto& w : work) {
+    out_tokens += w.tokens;
+    if (w.first) ttft.push_back(std::chrono::duration<double>(*w.first - w.submitted).count());
+    if (w.first && w.last && w.tokens > 1)
+      tpot.push_back(std::chrono::duration<double>(*w.last - *w.first).count() /
+                     static_cast<double>(w.tokens - 1));
+  }
+  const double in_tokens = static_cast<double>(*n * *in_len);
+  nlohmann::ordered_json out = {{"backend", loaded->backend->name()},
+                                {"requests", *n},
+                                {"input_len", *in_len},
+                                {"output_len", *out_len},
+                                {"max_concurrency", *conc},
+                                {"max_num_seqs", eo->max_num_seqs},
+                                {"max_num_batched_tokens", eo->max_num_batched_tokens},
+                                {"wall_s", wall},
+                                {"total_tok_s", (in_tokens + static_cast<double>(out_tokens)) / wall},
+                                {"output_tok_s", static_cast<double>(out_tokens) / wall},
+                                {"ttft_p50_ms", 1e3 * percentile(ttft, 0.5)},
+                                {"ttft_p99_ms", 1e3 * percentile(ttft, 0.99)},
+                                {"tpot_p50_ms", 1e3 * percentile(tpot, 0.5)},
+                                {"tpot_p99_ms", 1e3 * percentile(tpot, 0.99)},
+                                {"steps", run_steps.size()}};
+
+  // Decode steps against the weight-stream roofline; steps with prefill rows against the GEMM rate.
+  std::vector<double> dec_ms, dec_rows, dec_ratio, mixed_ratio;
+  for (const auto& s : run_steps) {
+    if (s.decode_rows > 0 && s.prefill_rows == 0) {
+      dec_ms.push_back(1e3 * s.seconds);
+      dec_rows.push_back(static_cast<double>(s.decode_rows));
+      if (roof.copy_bw > 0) {
+        const double bytes = roof.weight_bytes + roof.kv_bytes_per_pos * static_cast<double>(s.kv_positions) +
+                             2.0 * roof.state_bytes * static_cast<double>(s.decode_rows);
+        dec_ratio.push_back(bytes / s.seconds / roof.copy_bw);
+      }
+    } else if (s.prefill_rows > 0 && roof.gemm_rate > 0) {
+      const double flops = 2.0 * roof.params * static_cast<double>(s.prefill_rows + s.decode_rows);
+      mixed_ratio.push_back(flops / s.seconds / roof.gemm_rate);
+    }
+  }
+  out["decode_steps"] = {{"count", dec_ms.size()},
+                         {"median_ms", percentile(dec_ms, 0.5)},
+                         {"median_rows", percentile(dec_rows, 0.5)}};
+  if (roof.copy_bw > 0) {
+    out["copy_bandwidth_gb_s"] = roof.copy_bw / 1e9;
+    out["gemm_tflop_s"] = roof.gemm_rate / 1e12;
+    out["decode_steps"]["roofline_median"] = percentile(dec_ratio, 0.5);
+    out["decode_steps"]["roofline_p10"] = percentile(dec_ratio, 0.1);
+    out["prefill_steps"] = {{"count", mixed_ratio.size()},
+                            {"gemm_rate_median", percentile(mixed_ratio, 0.5)}};
+  }
+
+  if (*hit > 0) {
+    // A K-token prefix computed once (its checkpoint sits at K), then five prompts of it plus 50 new tokens.
+    const auto prefix = random_ids(rng, *hit, vocab);
+    std::vector<Work> warm(1);
+    warm[0].prompt = prefix;
+    warm[0].prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+    if (auto st = drive(**sched, warm, 1); !st) return fail(cmd, st.message());
+    std::vector<double> hit_ttft;
+    int64_t cached = 0;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<Work> one(1);
+      one[0].prompt = prefix;
+      const auto tail = random_ids(rng, 50, vocab);
+      one[0].prompt.insert(one[0].prompt.end(), tail.begin(), tail.end());
+      if (auto st = drive(**sched, one, 1); !st) return fail(cmd, st.message());
+      if (one[0].first)
+        hit_ttft.push_back(std::chrono::duration<double>(*one[0].first - one[0].submitted).count());
+      cached = one[0].cached;
+    }
+    out["prefix_hit"] = {{"prefix_tokens", *hit},
+                         {"new_tokens", 50},
+                         {"cached_tokens", cached},
+                         {"ttft_median_ms", 1e3 * percentile(hit_ttft, 0.5)}};
+  }
+  const auto st = (*sched)->stats();
+  out["preemptions"] = st.preemptions;
+  out["prefix_hit_tokens"] = st.prefix_hit_tokens;
+
+  if (args->has("--json")) {
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%s: %lld requests x (%lld in + %lld out), concurrency %lld\n",
+              out["backend"].get<std::string>().c_str(), static_cast<long long>(*n),
+              static_cast<long long>(*in_len), static_cast<long long>(*out_len),
+              static_cast<long long>(*conc));
+  std::printf("  wall %.2f s  total %.1f tok/s  output %.1f tok/s\n", wall, out["total_tok_s"].get<double>(),
+              out["output_tok_s"].get<double>());
+  std::printf("  TTFT p50 %.1f ms  p99 %.1f ms   TPOT p50 %.2f ms  p99 %.2f ms\n",
+              out["ttft_p50_ms"].get<double>(), out["ttft_p99_ms"].get<double>(),
+              out["tpot_p50_ms"].get<double>(), out["tpot_p99_ms"].get<double>());
+  std::printf("  steps %zu; decode-only steps %zu, median %.2f ms at %.0f rows", run_steps.size(),
+              dec_ms.size(), percentile(dec_ms, 0.5), percentile(dec_rows, 0.5));
+  if (roof.copy_bw > 0)
+    std::printf(", %.1f%% of the roofline (copy %.0f GB/s)", 100 * percentile(dec_ratio, 0.5),
+                roof.copy_bw / 1e9);
+  std::printf("\n  preemptions %lld\n", static_cast<long long>(st.preemptions));
+  if (*hit > 0)
+    std::printf("  prefix hit: %lld-token prefix + 50 new: TTFT %.1f ms (%lld tokens from the cache)\n",
+                static_cast<long long>(*hit), out["prefix_hit"]["ttft_median_ms"].get<double>(),
+                static_cast<long long>(out["prefix_hit"]["cached_tokens"].get<int64_t>()));
+  return 0;
+}
+
+}  // namespace deltaflow::cli
