@@ -79,7 +79,7 @@ core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<i
   return r;
 }
 
-core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids) {
+core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids, int top_k) {
   if (ids.size() < 2) return core::Error{"scoring needs at least 2 ids"};
   if (static_cast<int64_t>(ids.size()) > b.config().max_position_embeddings)
     return core::Error{"sequence of " + std::to_string(ids.size()) + " ids exceeds the model length " +
@@ -91,8 +91,14 @@ core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t
   const size_t V = static_cast<size_t>(b.config().vocab_size);
   ScoreResult r;
   for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    const double lp = log_prob(std::span<const float>(logits.data() + i * V, V), ids[i + 1]);
+    const std::span<const float> row(logits.data() + i * V, V);
+    const double lp = log_prob(row, ids[i + 1]);
     r.logprobs.push_back(lp);
+    if (top_k >= 0) {
+      r.top.push_back(top_logprobs(row, top_k));
+      r.ranks.push_back(1 +
+                        std::count_if(row.begin(), row.end(), [&](float x) { return x > row[ids[i + 1]]; }));
+    }
     r.nll -= lp;
   }
   return r;

@@ -37,9 +37,11 @@ core::Expected<GenerateResult> generate(backend::Backend& b, const std::vector<i
 struct ScoreResult {
   std::vector<double> logprobs;  // entry i = log p(ids[i+1] | ids[0..i])
   double nll = 0;                // -sum(logprobs), nats
+  std::vector<std::vector<TokenLogprob>> top;  // top_k >= 0: entry i = the top_k most likely ids there
+  std::vector<int64_t> ranks;                  // top_k >= 0: entry i = 1 + ids scoring above ids[i+1]
 };
 
 // Teacher-forced log-probabilities of ids[1..] given the preceding ids (one prefill with all logits).
-core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids);
+core::Expected<ScoreResult> score(backend::Backend& b, const std::vector<int32_t>& ids, int top_k = -1);
 
 }  // namespace deltaflow::engine

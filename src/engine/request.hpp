@@ -9,11 +9,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "engine/sampler.hpp"
 
 namespace deltaflow::engine {
@@ -50,6 +52,9 @@ struct GenerationRequest {
       forced_ids;  // test hook: emitted in order instead of sampled ones, then sampling goes on
   std::shared_ptr<ResponseChannel> channel;
   int choice = 0;  // index of this request's choice in the channel
+  // When set, the engine runs this on its thread with the backend, in queue order, instead of generating
+  // (teacher-forced scoring for prompt logprobs); it reports through its own means.
+  std::function<void(backend::Backend&)> task;
 };
 
 struct SampledToken {

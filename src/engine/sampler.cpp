@@ -90,6 +90,12 @@ int32_t Sampler::sample(std::span<const float> raw) {
     }
     logits = work_;
   }
+  if (!p_.logit_bias.empty()) {
+    if (logits.data() != work_.data()) work_.assign(raw.begin(), raw.end());
+    for (const auto& [id, bias] : p_.logit_bias)
+      if (id >= 0 && static_cast<size_t>(id) < work_.size()) work_[static_cast<size_t>(id)] += bias;
+    logits = work_;
+  }
   if (p_.temperature <= 0.0f) return argmax(logits);
   // Candidates sorted by logit, cut by top-k, softmax at temperature, cut by min-p and top-p, then drawn.
   std::vector<int32_t> idx(logits.size());

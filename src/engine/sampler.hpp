@@ -7,6 +7,7 @@
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace deltaflow::engine {
@@ -23,6 +24,8 @@ struct SamplingParams {
   // ones multiplied. 1: off.
   float repetition_penalty = 1.0f;
   uint64_t seed = 0;
+  // OpenAI logit_bias: (id, bias) pairs added to the logits before sampling (after the penalties).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 };
 
 class Sampler {

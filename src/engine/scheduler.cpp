@@ -111,6 +111,7 @@ void Scheduler::serve_one(GenerationRequest& r) {
     r.channel->push(std::move(done));
     return;
   }
+  if (r.task) return r.task(backend_);
   // The HTTP side validates all of this with better messages; these checks keep the engine safe on its own.
   const int64_t vocab = backend_.config().vocab_size;
   auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab; };

@@ -8,7 +8,7 @@ TokenPicker::TokenPicker(backend::Backend& backend, const SamplingParams& params
     : backend_(backend),
       params_(params),
       sampler_(params),
-      on_backend_(!need_logits && backend.can_sample()) {}
+      on_backend_(!need_logits && params.logit_bias.empty() && backend.can_sample()) {}
 
 void TokenPicker::add_prompt(std::span<const int32_t> ids) {
   if (params_.repetition_penalty == 1.0f) return;  // only the repetition penalty reads the prompt
