@@ -125,9 +125,15 @@ def test_sigkill_five_times_then_resume_equals_an_uninterrupted_run(tiny_models,
     rng = random.Random(1234)
     kills = 0
     for _ in range(5):
+        # Killed after a random number of new result lines (0: during start-up or the first request) plus a
+        # random fraction of a request's time, so the kill lands anywhere, writes included.
+        before = line_count(out)
+        want = rng.randint(0, 6)
         proc = subprocess.Popen([BIN, "batch", "--model", tiny_models["dense"], "--device", "cpu", "--input", inp,
                                  "--output", out, "--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.05, full * 0.6))
+        while proc.poll() is None and line_count(out) < before + want:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, full / 63))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
@@ -136,7 +142,7 @@ def test_sigkill_five_times_then_resume_equals_an_uninterrupted_run(tiny_models,
         if os.path.exists(out) and rng.random() < 0.5:
             with open(out, "a") as f:
                 f.write('{"id": "batch_req_9", "custom_id": "req-')
-    assert kills >= 3, "the job finished before it could be killed; make it longer"
+    assert kills == 5, "the job finished before it could be killed; make it longer"
     done_before = len(results_tolerant(out))
     p = batch(tiny_models["dense"], inp, out, "--resume")
     assert "resuming: %d of 63 requests already done" % done_before in p.stderr
@@ -147,6 +153,14 @@ def test_sigkill_five_times_then_resume_equals_an_uninterrupted_run(tiny_models,
     # Nothing left: a second resume does no work.
     p = batch(tiny_models["dense"], inp, out, "--resume")
     assert "0 requests: 0 ok, 0 failed" in p.stderr and open(out).read().count("\n") == 63
+
+
+def line_count(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
 
 
 def results_tolerant(path):

@@ -106,6 +106,8 @@ def test_stop_button_cancels_the_generation(browser, server):
 def test_markdown_reasoning_and_tool_calls_render(browser, server):
     b = browser
     b.navigate(server.url + "/")
+    # Once the model's name is in, the page redraws the conversation; render after that.
+    b.wait_for("document.getElementById('model-name').textContent.includes(%s)" % json.dumps(MODEL))
     html = b.eval("""(() => { const el = document.createElement('div');
       window.DeltaflowChat.renderMessage({role: 'assistant', reasoning: 'Think **first**.',
         content: '# Title\\n\\nSome **bold**, `x<y` and a [link](https://example.com).\\n\\n- one\\n- two\\n\\n' +
