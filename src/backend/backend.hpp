@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.hpp"
@@ -35,6 +36,9 @@ struct SamplingSpec {
   uint64_t step = 0;                      // index of the token being drawn in its sequence
   std::span<const TokenCount> generated;  // distinct generated ids (presence / frequency / repetition)
   std::span<const int32_t> prompt_seen;   // sorted distinct prompt ids (repetition only)
+  // OpenAI logit_bias: added to the logits after the penalties. The CUDA kernel has none: a backend draws
+  // such rows from host logits with the reference (host_sampling.hpp).
+  std::span<const std::pair<int32_t, float>> logit_bias;
 
   bool has_penalties() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;

@@ -46,6 +46,12 @@ int32_t sample_row(std::span<const float> raw, const SamplingSpec& p, std::vecto
     apply_penalties(raw, p, work);
     logits = work;
   }
+  if (!p.logit_bias.empty()) {
+    if (logits.data() != work.data()) work.assign(raw.begin(), raw.end());
+    for (const auto& [id, bias] : p.logit_bias)
+      if (id >= 0 && static_cast<size_t>(id) < work.size()) work[static_cast<size_t>(id)] += bias;
+    logits = work;
+  }
   if (p.temperature <= 0.0f) return argmax(logits);
   // Candidates sorted by logit, cut by top-k, softmax at temperature, cut by min-p and top-p, then drawn.
   std::vector<int32_t> idx(logits.size());

@@ -53,7 +53,7 @@ core::Expected<SequenceState*> SequenceStepper::sequence_for(const SeqRun& run) 
 }
 
 core::Expected<int32_t> SequenceStepper::draw(std::span<const float> row, const SamplingSpec& spec) {
-  if (!inner_->can_sample()) return sample_row(row, spec, work_);
+  if (!inner_->can_sample() || !spec.logit_bias.empty()) return sample_row(row, spec, work_);
   DF_TRY(inner_->sample_logits(row, std::span<const SamplingSpec>(&spec, 1), ids_));
   return ids_.at(0);
 }
@@ -98,7 +98,7 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
   // The decode rows: sampled on the backend when every row samples and none reads its logits.
   bool all_sample = inner_->can_sample(), any_logits = false;
   for (size_t i : dec_runs) {
-    all_sample = all_sample && step.runs[i].sample != nullptr;
+    all_sample = all_sample && step.runs[i].sample != nullptr && step.runs[i].sample->logit_bias.empty();
     any_logits = any_logits || step.runs[i].logits != RunLogits::kNone;
   }
   if (all_sample && !any_logits) {

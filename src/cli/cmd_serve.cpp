@@ -6,6 +6,7 @@
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "cli/model_options.hpp"
+#include "server/cors.hpp"
 #include "server/server.hpp"
 
 namespace deltaflow::cli {
@@ -22,11 +23,11 @@ core::Expected<bool> parse_bool(const std::string& flag, const std::string& v) {
 
 int cmd_serve(const Argv& argv) {
   const std::string cmd = "serve";
-  ArgSpec spec{
-      {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
-       "--default-enable-thinking", "--max-body-bytes", "--tensor-parallel-size"},
-      {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
-      0};
+  ArgSpec spec{{"--model", "--device", "--host", "--port", "--api-key", "--api-key-file",
+                "--served-model-name", "--default-enable-thinking", "--max-body-bytes",
+                "--tensor-parallel-size", "--default-max-tokens", "--allowed-origins"},
+               {"--insecure-no-auth", "--enable-test-hooks", "--quiet"},
+               0};
   add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
@@ -68,6 +69,16 @@ int cmd_serve(const Argv& argv) {
     auto b = parse_bool("--default-enable-thinking", *t);
     if (!b) return fail(cmd, b.message());
     o.default_enable_thinking = *b;
+  }
+  auto max_tokens = args->get_int("--default-max-tokens", 0);
+  if (!max_tokens) return fail(cmd, max_tokens.message());
+  if (*max_tokens < 0 || *max_tokens > (1 << 30))
+    return fail(cmd, "flag --default-max-tokens must be in [1, 1073741824] (0: the model's default)");
+  o.default_max_tokens = *max_tokens;
+  if (auto origins = args->get("--allowed-origins")) {
+    auto list = server::parse_allowed_origins(*origins);
+    if (!list) return fail(cmd, "flag --allowed-origins: " + list.message());
+    o.allowed_origins = std::move(*list);
   }
   o.insecure_no_auth = args->has("--insecure-no-auth");
   o.enable_test_hooks = args->has("--enable-test-hooks");  // hidden: tests force sampled tokens with it

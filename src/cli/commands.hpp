@@ -8,6 +8,7 @@ namespace deltaflow::cli {
 
 using Argv = std::vector<std::string>;
 
+int cmd_batch(const Argv& args);
 int cmd_chat(const Argv& args);
 int cmd_bench(const Argv& args);
 int cmd_bench_serving(const Argv& args);  // bench --requests

@@ -7,7 +7,10 @@
 namespace deltaflow::cli {
 
 int fail(const std::string& cmd, const std::string& message) {
-  std::fprintf(stderr, "deltaflow %s: %s\n", cmd.c_str(), message.c_str());
+  // A typo'd flag also says where the list of flags is.
+  const bool usage = message.rfind("unknown flag ", 0) == 0 || message.rfind("unexpected argument ", 0) == 0;
+  std::fprintf(stderr, "deltaflow %s: %s%s\n", cmd.c_str(), message.c_str(),
+               usage ? (" (see 'deltaflow " + cmd + " --help')").c_str() : "");
   return 2;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/help.hpp"
 
 namespace {
 
@@ -16,6 +17,8 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   using namespace deltaflow::cli;
   static const std::map<std::string, Command> table = {
+      {"batch",
+       {cmd_batch, "OpenAI Batch JSONL through the engine: --input IN.jsonl --output OUT.jsonl [--resume]"}},
       {"chat", {cmd_chat, "interactive chat with the model's template: [--model DIR] [--system TEXT]"}},
       {"generate",
        {cmd_generate,
@@ -38,6 +41,7 @@ const std::map<std::string, Command>& commands() {
 void usage(FILE* to) {
   std::fprintf(to, "usage: deltaflow <command> [options]\n\ncommands:\n");
   for (const auto& [name, c] : commands()) std::fprintf(to, "  %-10s %s\n", name.c_str(), c.help);
+  std::fprintf(to, "\n'deltaflow <command> --help' lists a command's options.\n");
 }
 
 }  // namespace
@@ -56,6 +60,12 @@ int main(int argc, char** argv) {
   if (it == commands().end()) {
     std::fprintf(stderr, "deltaflow: unknown command '%s' (try 'deltaflow --help')\n", name.c_str());
     return 2;
+  }
+  if (deltaflow::cli::wants_help(argc - 2, argv + 2)) {
+    bool serving = false;  // bench --requests: the serving benchmark's own flags
+    for (int i = 2; i < argc; ++i) serving = serving || std::string(argv[i]).rfind("--requests", 0) == 0;
+    deltaflow::cli::print_help(name == "bench" && serving ? "bench --requests" : name, stdout);
+    return 0;
   }
   deltaflow::cli::Argv args(argv + 2, argv + argc);
   return it->second.run(args);

@@ -112,8 +112,8 @@ core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>
   return r;
 }
 
-core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
-                                                   const std::vector<std::vector<int32_t>>& seqs) {
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s, const std::vector<std::vector<int32_t>>& seqs,
+                                                   int top_k, ScoreError* why) {
   std::vector<GenerationRequest> reqs;
   auto ch = std::make_shared<ResponseChannel>();
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -122,6 +122,7 @@ core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
     req.prompt = seqs[i];
     req.max_tokens = 0;
     req.prompt_logprobs = true;
+    req.prompt_top_logprobs = top_k;
     req.channel = ch;
     req.choice = static_cast<int>(i);
     reqs.push_back(std::move(req));
@@ -136,8 +137,10 @@ core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
       case SubmitResult::kQueued:
         break;
       case SubmitResult::kQueueFull:
+        if (why) why->queue_full = true;
         return core::Error{"the engine's queue is full"};
       case SubmitResult::kStopped:
+        if (why) why->stopped = true;
         return core::Error{"the engine has stopped"};
     }
     size_t done = 0;
@@ -152,6 +155,8 @@ core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
           r.logprobs.push_back(lp);
           r.nll -= lp;
         }
+        r.top = ev.prompt_top;
+        r.ranks = ev.prompt_ranks;
         ++done;
       }
     }
@@ -165,7 +170,7 @@ core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
 }
 
 core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids) {
-  DF_ASSIGN(auto all, score_all(s, {ids}));
+  DF_ASSIGN(auto all, score_all(s, {ids}, -1));
   return std::move(all[0]);
 }
 

@@ -47,14 +47,21 @@ core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>
                                         const std::function<bool(int32_t)>& on_token = nullptr);
 
 struct ScoreResult {
-  std::vector<double> logprobs;  // entry i = log p(ids[i+1] | ids[0..i])
-  double nll = 0;                // -sum(logprobs), nats
+  std::vector<double> logprobs;                // entry i = log p(ids[i+1] | ids[0..i])
+  double nll = 0;                              // -sum(logprobs), nats
+  std::vector<std::vector<TokenLogprob>> top;  // top_k >= 0: entry i = the top_k most likely ids there
+  std::vector<int64_t> ranks;                  // top_k >= 0: entry i = 1 + ids scoring above ids[i+1]
 };
 
 // Teacher-forced log-probabilities of ids[1..] given the preceding ids.
 core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids);
-// Several sequences at once (they share the engine's steps); results in input order.
-core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
-                                                   const std::vector<std::vector<int32_t>>& seqs);
+// Several sequences at once (they share the engine's steps); results in input order. top_k >= 0: also the
+// top_k alternatives and the ranks. `why` says whether a failure was a full queue or a stopped engine (a 429
+// or a 503 at the HTTP edge).
+struct ScoreError {
+  bool queue_full = false, stopped = false;
+};
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s, const std::vector<std::vector<int32_t>>& seqs,
+                                                   int top_k = -1, ScoreError* why = nullptr);
 
 }  // namespace deltaflow::engine

@@ -32,6 +32,8 @@ void ResponseChannel::push(Event e) {
       last.cached_tokens = e.cached_tokens;
       last.completion_tokens = e.completion_tokens;
       if (!e.prompt_logprobs.empty()) last.prompt_logprobs = std::move(e.prompt_logprobs);
+      if (!e.prompt_top.empty()) last.prompt_top = std::move(e.prompt_top);
+      if (!e.prompt_ranks.empty()) last.prompt_ranks = std::move(e.prompt_ranks);
     } else {
       events_.push_back(std::move(e));
     }

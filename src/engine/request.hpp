@@ -48,6 +48,7 @@ struct GenerationRequest {
   // Log-probabilities of the prompt's tokens (teacher forcing): Event::prompt_logprobs[i] = log p(prompt[i+1]
   // | prompt[..i]). Such a prompt is computed in full (no prefix-cache reuse: the cache holds no logits).
   bool prompt_logprobs = false;
+  int prompt_top_logprobs = -1;  // >= 0: also the k most likely ids and the prompt token's rank, per position
   // Token counts at which the prompt's rendered messages end: the prefix cache keeps the recurrent state
   // there too, so that a later conversation that rewrites what follows (Qwen3.5 templates drop earlier
   // <think> blocks) still reuses the prefix up to the last unchanged message.
@@ -77,6 +78,9 @@ struct Event {
   int64_t completion_tokens = 0;  // set when finished
   // log p(prompt[i+1] | prompt[..i]) for every i (prompt_logprobs requests), in double; set when finished.
   std::vector<double> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>>
+      prompt_top;                     // prompt_top_logprobs >= 0: per position, most likely first
+  std::vector<int64_t> prompt_ranks;  // prompt_top_logprobs >= 0: 1 + ids scoring above the token
 };
 
 // A multi-producer (engine), single-consumer (HTTP thread) queue of events, plus the cancellation flag both

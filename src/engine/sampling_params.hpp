@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace deltaflow::engine {
 
@@ -17,6 +19,8 @@ struct SamplingParams {
   // ones multiplied. 1: off.
   float repetition_penalty = 1.0f;
   uint64_t seed = 0;
+  // OpenAI logit_bias: (id, bias) pairs added to the logits before sampling (after the penalties).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
 };
 
 }  // namespace deltaflow::engine

@@ -28,6 +28,7 @@ const backend::SamplingSpec& SamplingState::spec() {
   s.repetition_penalty = params_.repetition_penalty;
   s.seed = params_.seed;
   s.step = step_;
+  s.logit_bias = params_.logit_bias;
   if (s.has_penalties()) {
     generated_.clear();
     for (const auto& [id, n] : counts_) generated_.push_back({id, n});

@@ -25,6 +25,8 @@ struct Scheduler::Sequence {
   uint64_t order = 0;  // arrival
   bool done = false;   // finished this step (removed from running_ at its end)
   std::vector<double> prompt_lp;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
+  std::vector<int64_t> prompt_ranks;
   // This step.
   int64_t chunk = 0;
   std::vector<backend::StateSnapshot> snaps;
@@ -340,6 +342,8 @@ bool Scheduler::preempt_youngest(const Sequence* keep) {
     running_.erase(std::next(it).base());
     release(*s, /*to_cache=*/false);
     s->prompt_lp.clear();  // recomputed with the prompt
+    s->prompt_top.clear();
+    s->prompt_ranks.clear();
     ++preemptions_;
     // Back among the waiting, in arrival order: its tokens so far are recomputed when it is admitted again.
     auto pos =
@@ -357,6 +361,8 @@ void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error) 
   e.cached_tokens = s.cached;
   e.completion_tokens = s.generated;
   e.prompt_logprobs = std::move(s.prompt_lp);
+  e.prompt_top = std::move(s.prompt_top);
+  e.prompt_ranks = std::move(s.prompt_ranks);
   if (s.req.channel) s.req.channel->push(std::move(e));
   release(s, why != FinishReason::kError);
 }
@@ -405,6 +411,8 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
     e.cached_tokens = s.cached;
     e.completion_tokens = s.generated;
     e.prompt_logprobs = std::move(s.prompt_lp);
+    e.prompt_top = std::move(s.prompt_top);
+    e.prompt_ranks = std::move(s.prompt_ranks);
     r.channel->push(std::move(e));
     release(s, /*to_cache=*/true);
     s.done = true;
@@ -590,7 +598,15 @@ bool Scheduler::step_once() {
       for (int64_t j = 0; j < s.chunk; ++j) {
         const int64_t next = start + j + 1;
         const std::span<const float> lr(out.logits.data() + (row + static_cast<size_t>(j)) * V, V);
-        if (next < s.prompt_len) s.prompt_lp.push_back(log_prob(lr, s.tokens[static_cast<size_t>(next)]));
+        if (next >= s.prompt_len) continue;
+        const int32_t want = s.tokens[static_cast<size_t>(next)];
+        s.prompt_lp.push_back(log_prob(lr, want));
+        if (s.req.prompt_top_logprobs >= 0) {
+          s.prompt_top.push_back(top_logprobs(lr, s.req.prompt_top_logprobs));
+          s.prompt_ranks.push_back(1 + std::count_if(lr.begin(), lr.end(), [&](float x) {
+                                     return x > lr[static_cast<size_t>(want)];
+                                   }));
+        }
       }
       last_row = out.logits.data() + (row + static_cast<size_t>(s.chunk) - 1) * V;
       row += static_cast<size_t>(s.chunk);
@@ -604,6 +620,8 @@ bool Scheduler::step_once() {
       e.prompt_tokens = s.prompt_len;
       e.cached_tokens = s.cached;
       e.prompt_logprobs = std::move(s.prompt_lp);
+      e.prompt_top = std::move(s.prompt_top);
+      e.prompt_ranks = std::move(s.prompt_ranks);
       s.req.channel->push(std::move(e));
       release(s, true);
       s.done = true;

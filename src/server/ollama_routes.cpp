@@ -131,8 +131,8 @@ Json tool_call_json(const text::ToolCall& call) {
 void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m, ServerContext& ctx,
                 const Json& body, const std::string& prompt_text, bool chat, bool tools,
                 std::vector<text::ToolSpec> specs, std::chrono::steady_clock::time_point arrival) {
-  const GenParams params = take(parse_gen_params(body, Api::kOllama, m.defaults(), m.config().vocab_size,
-                                                 ctx.options.enable_test_hooks));
+  const GenParams params = take(parse_gen_params(body, Api::kOllama, ctx.defaults.generation,
+                                                 m.config().vocab_size, ctx.options.enable_test_hooks));
   const bool in_reasoning = ends_in_thought(prompt_text);
   const std::vector<int32_t> ids = m.tokenizer().encode(prompt_text);
   auto requests = make_requests(m, {ids}, params, in_reasoning, chat ? "messages" : "prompt");
@@ -237,7 +237,7 @@ void handle_chat(const httplib::Request& req, httplib::Response& res, ServedMode
     specs = take(parse_tools(*it));
     tools_json = *it;
   }
-  const Json kwargs = {{"enable_thinking", think_flag(body, ctx.options.default_enable_thinking)}};
+  const Json kwargs = {{"enable_thinking", think_flag(body, ctx.defaults.enable_thinking)}};
   auto text = m.render_chat(messages, tools_json, true, kwargs);
   if (!text) throw bad_field("messages", "the chat template failed: " + text.message());
   const bool tools = !specs.empty();
@@ -277,7 +277,7 @@ void handle_generate(const httplib::Request& req, httplib::Response& res, Served
       messages.push_back({{"role", "system"}, {"content", *it}});
     }
     messages.push_back({{"role", "user"}, {"content", prompt}});
-    const Json kwargs = {{"enable_thinking", think_flag(body, ctx.options.default_enable_thinking)}};
+    const Json kwargs = {{"enable_thinking", think_flag(body, ctx.defaults.enable_thinking)}};
     auto r = m.render_chat(messages, nullptr, true, kwargs);
     if (!r) throw bad_field("prompt", "the chat template failed: " + r.message());
     text = std::move(*r);

@@ -2,7 +2,8 @@
 // /detokenize.
 #include <algorithm>
 
-#include "server/routes.hpp"
+#include "server/openai_call.hpp"
+#include "server/prompt_scoring.hpp"
 
 namespace deltaflow::server {
 
@@ -51,10 +52,6 @@ bool get_bool(const Json& body, const char* key, bool def) {
   if (!it->is_boolean()) throw bad_field(key, std::string("'") + key + "' must be a boolean");
   return it->get<bool>();
 }
-
-struct StreamOptions {
-  bool include_usage = false;
-};
 
 StreamOptions parse_stream_options(const Json& body) {
   StreamOptions so;
@@ -142,7 +139,7 @@ struct ChatPlan {
   std::string tool_prefix;
 };
 
-ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
+ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
   ChatPlan plan;
   if (!body.contains("messages")) throw bad_field("messages", "'messages' is required");
   Json messages = take(normalize_messages(body["messages"]));
@@ -157,7 +154,7 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
   plan.tools = tools_json && tc.kind != ToolChoice::kNone;
 
   Json kwargs = Json::object();
-  bool enable_thinking = opt.default_enable_thinking;
+  bool enable_thinking = ctx.defaults.enable_thinking;
   if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) throw bad_field("reasoning_effort", "'reasoning_effort' must be a string");
     if (it->get<std::string>() == "none") enable_thinking = false;
@@ -204,16 +201,24 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
   return plan;
 }
 
-void handle_chat(const httplib::Request& req, httplib::Response& res, ServedModel& m, ServerContext& ctx) {
-  const auto arrival = std::chrono::steady_clock::now();
-  const Json body = take(parse_body(req.body));
+}  // namespace
+
+OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
+                        std::chrono::steady_clock::time_point arrival) {
   check_model(body, m);
   const bool stream = get_bool(body, "stream", false);
   const StreamOptions so = parse_stream_options(body);
-  ChatPlan plan = plan_chat(body, m, ctx.options);
-  const GenParams params = take(
-      parse_gen_params(body, Api::kChat, m.defaults(), m.config().vocab_size, ctx.options.enable_test_hooks));
+  ChatPlan plan = plan_chat(body, m, ctx);
+  const GenParams params = take(parse_gen_params(body, Api::kChat, ctx.defaults.generation,
+                                                 m.config().vocab_size, ctx.options.enable_test_hooks));
   auto requests = make_requests(m, {plan.prompt}, params, plan.in_reasoning, "messages");
+  // vLLM's prompt_logprobs: the rendered prompt scored teacher-forced before generating.
+  Json prompt_lp = nullptr;
+  if (params.prompt_logprobs) {
+    if (stream) throw bad_field("prompt_logprobs", "'prompt_logprobs' is not available with streaming");
+    const auto scores = score_prompts(m, {plan.prompt}, *params.prompt_logprobs);
+    prompt_lp = vllm_prompt_logprobs(m.tokenizer(), plan.prompt, scores[0]);
+  }
   std::vector<OutputOptions> outs;
   for (size_t i = 0; i < requests.size(); ++i) {
     OutputOptions o;
@@ -236,46 +241,59 @@ void handle_chat(const httplib::Request& req, httplib::Response& res, ServedMode
   const bool logprobs = params.logprobs;
   const text::Tokenizer* tok = &m.tokenizer();
 
-  if (!stream) {
-    respond_when_done(
-        res, run, [run, id, created, model_name, logprobs, tok]() -> std::pair<int, std::string> {
-          if (auto e = run->error()) return {500, openai_error_body(internal_error(*e))};
-          Json choices = Json::array();
-          for (int i = 0; i < run->choices(); ++i) {
-            ChoiceState& c = run->choice(i);
-            Json msg = {{"role", "assistant"}};
-            const bool has_calls = !c.calls.empty();
-            msg["content"] = c.content.empty() && has_calls ? Json(nullptr) : Json(c.content);
-            msg["reasoning_content"] = c.reasoning.empty() ? Json(nullptr) : Json(c.reasoning);
-            if (has_calls) {
-              Json calls = Json::array();
-              for (size_t k = 0; k < c.calls.size(); ++k)
-                calls.push_back(
-                    {{"id", c.call_ids[k]},
-                     {"type", "function"},
-                     {"function", {{"name", c.calls[k].name}, {"arguments", c.calls[k].arguments}}}});
-              msg["tool_calls"] = std::move(calls);
-            }
-            Json lp = nullptr;
-            if (logprobs) {
-              lp = {{"content", Json::array()}};
-              for (const auto& t : c.tokens) lp["content"].push_back(chat_logprob_entry(*tok, t));
-            }
-            choices.push_back({{"index", i},
-                               {"message", std::move(msg)},
-                               {"logprobs", std::move(lp)},
-                               {"finish_reason", c.finish_reason}});
-          }
-          Json out = {{"id", id},
-                      {"object", "chat.completion"},
-                      {"created", created},
-                      {"model", model_name},
-                      {"choices", std::move(choices)},
-                      {"usage", usage_json(*run)}};
-          return {200, dump(out)};
-        });
-    return;
-  }
+  OpenAICall call{run, nullptr, stream, so, id, created, model_name, logprobs};
+  call.whole = [run, id, created, model_name, logprobs, tok, prompt_lp]() -> std::pair<int, std::string> {
+    if (auto e = run->error()) return {500, openai_error_body(internal_error(*e))};
+    Json choices = Json::array();
+    for (int i = 0; i < run->choices(); ++i) {
+      ChoiceState& c = run->choice(i);
+      Json msg = {{"role", "assistant"}};
+      const bool has_calls = !c.calls.empty();
+      msg["content"] = c.content.empty() && has_calls ? Json(nullptr) : Json(c.content);
+      msg["reasoning_content"] = c.reasoning.empty() ? Json(nullptr) : Json(c.reasoning);
+      if (has_calls) {
+        Json calls = Json::array();
+        for (size_t k = 0; k < c.calls.size(); ++k)
+          calls.push_back({{"id", c.call_ids[k]},
+                           {"type", "function"},
+                           {"function", {{"name", c.calls[k].name}, {"arguments", c.calls[k].arguments}}}});
+        msg["tool_calls"] = std::move(calls);
+      }
+      Json lp = nullptr;
+      if (logprobs) {
+        lp = {{"content", Json::array()}};
+        for (const auto& t : c.tokens) lp["content"].push_back(chat_logprob_entry(*tok, t));
+      }
+      choices.push_back({{"index", i},
+                         {"message", std::move(msg)},
+                         {"logprobs", std::move(lp)},
+                         {"finish_reason", c.finish_reason}});
+    }
+    Json out = {{"id", id},
+                {"object", "chat.completion"},
+                {"created", created},
+                {"model", model_name},
+                {"choices", std::move(choices)},
+                {"usage", usage_json(*run)}};
+    if (!prompt_lp.is_null()) out["prompt_logprobs"] = prompt_lp;
+    return {200, dump(out)};
+  };
+  return call;
+}
+
+namespace {
+
+void handle_chat(const httplib::Request& req, httplib::Response& res, ServedModel& m, ServerContext& ctx) {
+  const auto arrival = std::chrono::steady_clock::now();
+  const Json body = take(parse_body(req.body));
+  OpenAICall call = prepare_chat(body, m, ctx, arrival);
+  if (!call.stream) return respond_when_done(res, call.run, call.whole);
+  const auto run = call.run;
+  const std::string id = call.id, model_name = call.model_name;
+  const int64_t created = call.created;
+  const bool logprobs = call.logprobs;
+  const StreamOptions so = call.stream_options;
+  const text::Tokenizer* tok = &m.tokenizer();
 
   auto chunk = [id, created, model_name, so](Json choices) {
     Json j = {{"id", id},
@@ -374,61 +392,187 @@ std::vector<std::vector<int32_t>> parse_prompts(const Json& body, const ServedMo
   return out;
 }
 
-void handle_completions(const httplib::Request& req, httplib::Response& res, ServedModel& m,
-                        ServerContext& ctx) {
-  const auto arrival = std::chrono::steady_clock::now();
-  const Json body = take(parse_body(req.body));
+// The n best of best_of candidates by cumulative log-probability (ties: the earlier), per prompt.
+std::vector<int> best_choices(GenerationRun& run, int prompts, int n, int best_of) {
+  std::vector<int> out;
+  for (int p = 0; p < prompts; ++p) {
+    std::vector<std::pair<double, int>> ranked;
+    for (int k = 0; k < best_of; ++k) {
+      const int i = p * best_of + k;
+      double sum = 0;
+      for (const auto& t : run.choice(i).tokens) sum += t.logprob;
+      ranked.push_back({-sum, i});
+    }
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (int k = 0; k < n; ++k) out.push_back(ranked[static_cast<size_t>(k)].second);
+  }
+  return out;
+}
+
+// Merges the generated tokens' logprobs after an echoed prompt's.
+Json join_logprobs(Json echo, const Json& generated) {
+  const size_t base = echo["text_offset"].empty() ? 0
+                                                  : echo["text_offset"].back().get<size_t>() +
+                                                        echo["tokens"].back().get<std::string>().size();
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs"})
+    for (const auto& x : generated[key]) echo[key].push_back(x);
+  for (const auto& x : generated["text_offset"]) echo["text_offset"].push_back(base + x.get<size_t>());
+  return echo;
+}
+
+}  // namespace
+
+OpenAICall prepare_completions(const Json& body, ServedModel& m, ServerContext& ctx,
+                               std::chrono::steady_clock::time_point arrival, std::vector<Json>* echo) {
   check_model(body, m);
   const bool stream = get_bool(body, "stream", false);
   const StreamOptions so = parse_stream_options(body);
   const auto prompts = parse_prompts(body, m);
-  const GenParams params = take(parse_gen_params(body, Api::kCompletions, m.defaults(), m.config().vocab_size,
-                                                 ctx.options.enable_test_hooks));
-  if (static_cast<int>(prompts.size()) * params.n > 16)
-    throw bad_field("n", "prompts x n must be at most 16");
-  auto requests = make_requests(m, prompts, params, false, "prompt");
+  GenParams params = take(parse_gen_params(body, Api::kCompletions, ctx.defaults.generation,
+                                           m.config().vocab_size, ctx.options.enable_test_hooks));
+  const int n = params.n, best_of = params.best_of;
+  if (static_cast<int>(prompts.size()) * best_of > 16)
+    throw bad_field(best_of > n ? "best_of" : "n",
+                    "prompts x " + std::string(best_of > n ? "best_of" : "n") + " must be at most 16");
+  if (best_of > n && stream) throw bad_field("best_of", "'best_of' greater than n cannot be streamed");
+  const bool logprobs = params.logprobs;
+  const bool zero = params.max_tokens && *params.max_tokens == 0;
+  if (zero && !params.echo)
+    throw bad_field("max_tokens", "'max_tokens' 0 generates nothing: it needs 'echo' (to score the prompt)");
+
+  for (const auto& p : prompts)
+    if (static_cast<int64_t>(p.size()) > m.max_model_len())
+      throw ApiError{400,
+                     "This model's maximum context length is " + std::to_string(m.max_model_len()) +
+                         " tokens. However, the prompt has " + std::to_string(p.size()) + " tokens.",
+                     "invalid_request_error", "prompt", "context_length_exceeded"};
+  // The prompt's own logprobs (echo with logprobs, or prompt_logprobs), scored before generating.
+  const text::Tokenizer* tok = &m.tokenizer();
+  const bool score_echo = params.echo && logprobs;
+  std::vector<engine::ScoreResult> scores;
+  if (score_echo || params.prompt_logprobs) {
+    const int k = std::max(score_echo ? params.top_logprobs : 0, params.prompt_logprobs.value_or(0));
+    scores = score_prompts(m, prompts, k);
+  }
+  // Echoed text: the prompt as given when it was text, else its detokenization.
+  std::vector<std::string> echo_text(prompts.size());
+  if (params.echo) {
+    const Json& p = body["prompt"];
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (p.is_string())
+        echo_text[i] = p.get<std::string>();
+      else if (p.is_array() && p[i].is_string())
+        echo_text[i] = p[i].get<std::string>();
+      else
+        echo_text[i] = tok->decode(prompts[i], false);
+    }
+  }
+  const bool prompt_lp = params.prompt_logprobs.has_value();
+  auto prompt_extras = [tok, prompts, scores, score_echo, prompt_lp](size_t p, Json& choice,
+                                                                     const Json* generated_lp) {
+    if (score_echo) {
+      Json lp = echo_logprobs(*tok, prompts[p], scores[p]);
+      choice["logprobs"] = generated_lp ? join_logprobs(std::move(lp), *generated_lp) : std::move(lp);
+    }
+    if (prompt_lp) choice["prompt_logprobs"] = vllm_prompt_logprobs(*tok, prompts[p], scores[p]);
+  };
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
+  OpenAICall call;
+  call.stream = stream;
+  call.stream_options = so;
+  call.id = new_request_id("cmpl-");
+  call.created = unix_now();
+  call.model_name = m.name();
+  call.logprobs = logprobs;
+
+  if (zero) {
+    Json choices = Json::array();
+    for (size_t p = 0; p < prompts.size(); ++p)
+      for (int k = 0; k < n; ++k) {
+        Json c = {{"index", choices.size()},
+                  {"text", echo_text[p]},
+                  {"logprobs", nullptr},
+                  {"finish_reason", "length"}};
+        prompt_extras(p, c, nullptr);
+        choices.push_back(std::move(c));
+      }
+    const Json usage = {{"prompt_tokens", prompt_tokens},
+                        {"completion_tokens", 0},
+                        {"total_tokens", prompt_tokens},
+                        {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+    const Json out = {{"id", call.id},
+                      {"object", "text_completion"},
+                      {"created", call.created},
+                      {"model", call.model_name},
+                      {"choices", std::move(choices)},
+                      {"usage", usage}};
+    call.whole = [out]() -> std::pair<int, std::string> { return {200, dump(out)}; };
+    return call;
+  }
+
+  GenParams gen = params;
+  gen.n = best_of;
+  auto requests = make_requests(m, prompts, gen, false, "prompt");
+  if (best_of > n)
+    for (auto& r : requests) r.logprobs = true;  // the ranking reads every token's logprob
   std::vector<OutputOptions> outs(requests.size());
   for (auto& o : outs) {
     o.stop = params.stop;
     o.skip_special_tokens = params.skip_special_tokens;
   }
   auto run = std::make_shared<GenerationRun>(m, ctx.metrics, std::move(requests), std::move(outs), arrival);
-  int64_t prompt_tokens = 0;
-  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
   run->set_prompt_tokens(prompt_tokens);
   if (auto err = run->submit()) throw *err;
-
-  const std::string id = new_request_id("cmpl-");
-  const int64_t created = unix_now();
-  const std::string model_name = m.name();
-  const bool logprobs = params.logprobs;
-  const text::Tokenizer* tok = &m.tokenizer();
-
-  if (!stream) {
-    respond_when_done(
-        res, run, [run, id, created, model_name, logprobs, tok]() -> std::pair<int, std::string> {
-          if (auto e = run->error()) return {500, openai_error_body(internal_error(*e))};
-          Json choices = Json::array();
-          for (int i = 0; i < run->choices(); ++i) {
-            ChoiceState& c = run->choice(i);
-            choices.push_back(
-                {{"index", i},
-                 {"text", c.content},
-                 {"logprobs", logprobs ? completion_logprobs(*tok, c.tokens, 0) : Json(nullptr)},
-                 {"finish_reason", c.finish_reason}});
-          }
-          Json out = {{"id", id},
-                      {"object", "text_completion"},
-                      {"created", created},
-                      {"model", model_name},
-                      {"choices", std::move(choices)},
-                      {"usage", usage_json(*run)}};
-          return {200, dump(out)};
-        });
-    return;
+  call.run = run;
+  call.whole = [run, id = call.id, created = call.created, model_name = call.model_name, logprobs, tok, n,
+                best_of, echo_text, prompt_extras,
+                nprompts = static_cast<int>(prompts.size())]() -> std::pair<int, std::string> {
+    if (auto e = run->error()) return {500, openai_error_body(internal_error(*e))};
+    Json choices = Json::array();
+    const std::vector<int> picked = best_choices(*run, nprompts, n, best_of);
+    for (size_t j = 0; j < picked.size(); ++j) {
+      ChoiceState& c = run->choice(picked[j]);
+      const size_t p = static_cast<size_t>(picked[j] / best_of);
+      const Json lp = logprobs ? completion_logprobs(*tok, c.tokens, 0) : Json(nullptr);
+      Json choice = {{"index", j},
+                     {"text", echo_text[p] + c.content},
+                     {"logprobs", lp},
+                     {"finish_reason", c.finish_reason}};
+      prompt_extras(p, choice, logprobs ? &lp : nullptr);
+      choices.push_back(std::move(choice));
+    }
+    Json out = {{"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", model_name},
+                {"choices", std::move(choices)},
+                {"usage", usage_json(*run)}};
+    return {200, dump(out)};
+  };
+  if (echo && (params.echo || prompt_lp)) {
+    // The streamed form's first chunk per choice: the echoed prompt and its logprobs.
+    for (int i = 0; i < run->choices(); ++i) {
+      const size_t p = static_cast<size_t>(i / n);
+      Json c = {{"index", i}, {"text", echo_text[p]}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      prompt_extras(p, c, nullptr);
+      echo->push_back(std::move(c));
+    }
   }
-  auto offsets = std::make_shared<std::vector<size_t>>(static_cast<size_t>(run->choices()), 0);
-  auto chunk = [id, created, model_name, so](Json choice) {
+  return call;
+}
+
+namespace {
+
+void handle_completions(const httplib::Request& req, httplib::Response& res, ServedModel& m,
+                        ServerContext& ctx) {
+  const auto arrival = std::chrono::steady_clock::now();
+  const Json body = take(parse_body(req.body));
+  std::vector<Json> echo;
+  OpenAICall call = prepare_completions(body, m, ctx, arrival, &echo);
+  const auto& so = call.stream_options;
+  auto chunk = [id = call.id, created = call.created, model_name = call.model_name, so](Json choice) {
     Json j = {{"id", id},
               {"object", "text_completion"},
               {"created", created},
@@ -437,7 +581,37 @@ void handle_completions(const httplib::Request& req, httplib::Response& res, Ser
     if (so.include_usage) j["usage"] = nullptr;
     return sse(j);
   };
+  if (!call.run) {  // answered without generating (max_tokens 0)
+    auto [status, text] = call.whole();
+    if (!call.stream) {
+      res.status = status;
+      return res.set_content(text, "application/json");
+    }
+    Json out = Json::parse(text);
+    std::string events;
+    for (auto& c : out["choices"]) events += chunk(c);
+    if (so.include_usage) {
+      out["choices"] = Json::array();
+      events += sse(out);
+    }
+    res.set_header("Cache-Control", "no-cache");
+    return res.set_content(events + "data: [DONE]\n\n", "text/event-stream");
+  }
+  if (!call.stream) return respond_when_done(res, call.run, call.whole);
+  const auto run = call.run;
+  const bool logprobs = call.logprobs;
+  const text::Tokenizer* tok = &m.tokenizer();
+  auto offsets = std::make_shared<std::vector<size_t>>(static_cast<size_t>(run->choices()), 0);
   StreamWriter w;
+  if (!echo.empty()) {
+    for (size_t i = 0; i < echo.size(); ++i)
+      if (echo[i]["logprobs"].is_object()) (*offsets)[i] = echo[i]["text"].get<std::string>().size();
+    w.on_start = [chunk, echo]() {
+      std::string s;
+      for (const auto& c : echo) s += chunk(c);
+      return s;
+    };
+  }
   w.on_delta = [chunk, logprobs, tok, offsets](int i, const OutputDelta& d) -> std::string {
     if (d.content.empty() && !(logprobs && !d.tokens.empty())) return "";
     Json lp = nullptr;
@@ -453,7 +627,7 @@ void handle_completions(const httplib::Request& req, httplib::Response& res, Ser
     if (!c.error.empty()) return sse(Json::parse(openai_error_body(internal_error(c.error))));
     return chunk({{"index", i}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}});
   };
-  w.on_end = [run, id, created, model_name, so]() {
+  w.on_end = [run, id = call.id, created = call.created, model_name = call.model_name, so]() {
     std::string s;
     if (so.include_usage)
       s += sse({{"id", id},
@@ -483,7 +657,7 @@ void handle_tokenize(const httplib::Request& req, httplib::Response& res, Served
     Json kwargs = Json::object();
     if (auto it = body.find("chat_template_kwargs"); it != body.end() && it->is_object())
       for (auto kv = it->begin(); kv != it->end(); ++kv) kwargs[kv.key()] = kv.value();
-    if (!kwargs.contains("enable_thinking")) kwargs["enable_thinking"] = ctx.options.default_enable_thinking;
+    if (!kwargs.contains("enable_thinking")) kwargs["enable_thinking"] = ctx.defaults.enable_thinking;
     const Json messages = take(normalize_messages(body["messages"]));
     Json tools = nullptr;
     if (auto it = body.find("tools"); it != body.end() && it->is_array()) {

@@ -1,6 +1,8 @@
 #include "server/request_params.hpp"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 
 namespace deltaflow::server {
 
@@ -97,6 +99,7 @@ void apply_common(GenParams& p, const GenerationDefaults& d) {
   p.sampling.repetition_penalty = d.repetition_penalty;
   p.sampling.presence_penalty = d.presence_penalty;
   p.sampling.frequency_penalty = d.frequency_penalty;
+  p.default_max_tokens = d.max_tokens;
 }
 
 void parse_sampling(const Fields& f, GenParams& p, bool ollama) {
@@ -137,7 +140,8 @@ void parse_openai(const Json& body, Api api, GenParams& p, int64_t vocab, bool h
   const Fields f{body, ""};
   parse_sampling(f, p, false);
   const int64_t kMaxTokens = 1 << 30;
-  if (auto v = f.integer("max_tokens", 1, kMaxTokens)) p.max_tokens = *v;
+  // Completions take max_tokens 0: with echo and logprobs, only the prompt is scored (lm-evaluation-harness).
+  if (auto v = f.integer("max_tokens", api == Api::kCompletions ? 0 : 1, kMaxTokens)) p.max_tokens = *v;
   if (api == Api::kChat)
     if (auto v = f.integer("max_completion_tokens", 1, kMaxTokens)) p.max_tokens = *v;
   p.stop = parse_stop(f, "stop");
@@ -164,16 +168,42 @@ void parse_openai(const Json& body, Api api, GenParams& p, int64_t vocab, bool h
       p.logprobs = true;
       p.top_logprobs = static_cast<int>(*v);
     }
-    if (auto v = f.boolean("echo"); v && *v) throw bad_field("echo", "'echo' is not supported");
-    if (f.get("suffix")) throw bad_field("suffix", "'suffix' is not supported");
+    if (auto v = f.boolean("echo")) p.echo = *v;
+    if (auto v = f.string("suffix"); v && !v->empty())
+      throw bad_field("suffix",
+                      "'suffix' is not supported: this server does not do insertion (fill-in-the-middle) "
+                      "completions; leave it out, or put the model's own FIM tokens in the prompt");
   }
   if (auto v = f.integer("n", 1, 16)) p.n = static_cast<int>(*v);
-  if (auto v = f.integer("best_of", 1, 16); v && *v != p.n)
-    throw bad_field("best_of", "'best_of' other than n is not supported");
+  p.best_of = p.n;
+  if (auto v = f.integer("best_of", 1, 16)) {
+    if (api != Api::kCompletions && *v != p.n)
+      throw bad_field("best_of", "'best_of' is a /v1/completions field (here it must equal n)");
+    if (*v < p.n) throw bad_field("best_of", "'best_of' must be at least n");
+    p.best_of = static_cast<int>(*v);
+  }
+  if (auto v = f.integer("prompt_logprobs", 0, 20)) p.prompt_logprobs = static_cast<int>(*v);
   if (auto v = f.boolean("use_beam_search"); v && *v)
     throw bad_field("use_beam_search", "beam search is not supported");
-  if (const Json* lb = f.get("logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    throw bad_field("logit_bias", "'logit_bias' is not supported");
+  if (const Json* lb = f.get("logit_bias")) {
+    if (!lb->is_object())
+      throw bad_field("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    if (lb->size() > 1024) throw bad_field("logit_bias", "'logit_bias' may hold at most 1024 entries");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      char* end = nullptr;
+      errno = 0;
+      const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id >= vocab)
+        throw bad_field("logit_bias", "'logit_bias' key '" + key + "' is not a token id in [0, " +
+                                          std::to_string(vocab) + ")");
+      if (!it.value().is_number() || !std::isfinite(it.value().get<double>()) ||
+          std::fabs(it.value().get<double>()) > 100)
+        throw bad_field("logit_bias",
+                        "'logit_bias' value for token " + key + " must be a number in [-100, 100]");
+      p.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), it.value().get<float>());
+    }
+  }
   if (const Json* rf = f.get("response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       throw bad_field("response_format", "'response_format' must be an object with a 'type'");

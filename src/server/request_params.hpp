@@ -20,13 +20,17 @@ namespace deltaflow::server {
 struct GenParams {
   engine::SamplingParams sampling;
   bool seed_given = false;
-  std::optional<int64_t> max_tokens;  // none: generation_config's max_new_tokens, else up to the model length
+  std::optional<int64_t> max_tokens;  // none: default_max_tokens, capped by the room left in the context
+  std::optional<int64_t> default_max_tokens;  // the served default (request_defaults.hpp); none: the context
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   bool logprobs = false;
   int top_logprobs = 0;
   int n = 1;
+  int best_of = 1;                     // completions: candidates per prompt, the n most likely returned
+  bool echo = false;                   // completions: the prompt precedes the completion
+  std::optional<int> prompt_logprobs;  // vLLM extra: teacher-forced logprobs of the prompt, top-k per token
   std::optional<int> thinking_budget;
   std::optional<std::string> forced_text;  // test hook (--enable-test-hooks)
   bool skip_special_tokens = true;

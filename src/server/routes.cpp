@@ -116,7 +116,7 @@ std::vector<engine::GenerationRequest> make_requests(const ServedModel& m,
       max_tokens = *p.max_tokens;
     } else {
       max_tokens = max_len - n_prompt;
-      if (m.defaults().max_tokens) max_tokens = std::min(max_tokens, *m.defaults().max_tokens);
+      if (p.default_max_tokens) max_tokens = std::min(max_tokens, *p.default_max_tokens);
     }
     if (n_prompt + std::max<int64_t>(max_tokens, 1) > max_len)
       throw ApiError{400,

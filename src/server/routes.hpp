@@ -14,6 +14,7 @@
 #include "server/generation_run.hpp"
 #include "server/httplib_config.hpp"
 #include "server/metrics.hpp"
+#include "server/request_defaults.hpp"
 #include "server/request_params.hpp"
 #include "server/served_model.hpp"
 #include "server/server.hpp"
@@ -24,6 +25,7 @@ struct ServerContext {
   ServeOptions options;
   std::atomic<ServedModel*> model{nullptr};  // set once loaded; lives until the HTTP server has stopped
   Metrics metrics;
+  RequestDefaults defaults;  // resolved when the model is loaded, before `model` is set
   int64_t started_unix = 0;
 };
 
@@ -82,6 +84,9 @@ void respond_streaming(httplib::Response& res, const char* content_type, std::sh
 // Registers the routes of each API.
 void add_openai_routes(httplib::Server& svr, ServerContext& ctx);
 void add_ollama_routes(httplib::Server& svr, ServerContext& ctx);
+// The chat page (web_routes.cpp); its paths need no API key.
+void add_web_routes(httplib::Server& svr);
+bool is_web_path(const std::string& path);
 
 // Logprob entry fields shared by the APIs.
 std::string token_string(const text::Tokenizer& tok, int32_t id);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "server/auth.hpp"
+#include "server/cors.hpp"
 #include "server/routes.hpp"
 
 namespace deltaflow::server {
@@ -23,9 +24,9 @@ class Listener : public httplib::Server {
 
 const char* route_label(const std::string& path) {
   static const char* kRoutes[] = {
-      "/health",     "/metrics",  "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-      "/detokenize", "/api/chat", "/api/generate",        "/api/tags",       "/api/show",  "/api/ps",
-      "/api/version"};
+      "/health",      "/metrics",  "/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+      "/detokenize",  "/api/chat", "/api/generate",        "/api/tags",       "/api/show",  "/api/ps",
+      "/api/version", "/"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/:id";
@@ -77,10 +78,39 @@ core::Status serve(const ServeOptions& o) {
   });
 
   svr.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health" || ctx.options.api_key.empty())
+    const std::string origin = req.get_header_value("Origin");
+    switch (check_origin(ctx.options.allowed_origins, origin, req.get_header_value("Host"))) {
+      case OriginCheck::kRefused:
+        // Answered before the body is read: the connection cannot carry another request.
+        res.set_header("Connection", "close");
+        send_error(res,
+                   ApiError{403, "origin " + origin + " is not allowed (serve --allowed-origins)",
+                            "invalid_request_error", "", "origin_not_allowed"},
+                   is_ollama_path(req.path));
+        return httplib::Server::HandlerResponse::Handled;
+      case OriginCheck::kAllowed:
+        res.set_header("Access-Control-Allow-Origin", origin);
+        res.set_header("Vary", "Origin");
+        if (req.method == "OPTIONS") {
+          res.status = 204;
+          res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+          const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+          res.set_header("Access-Control-Allow-Headers",
+                         asked.empty() ? "Authorization, Content-Type" : asked);
+          res.set_header("Access-Control-Max-Age", "600");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        break;
+      case OriginCheck::kSameOrigin:
+      case OriginCheck::kNone:
+        break;
+    }
+    if (req.path == "/health" || (req.method == "GET" && is_web_path(req.path)) ||
+        ctx.options.api_key.empty())
       return httplib::Server::HandlerResponse::Unhandled;
     if (bearer_matches(req.get_header_value("Authorization"), ctx.options.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");  // the unread body would be taken for the next request
     send_error(res, unauthorized(), is_ollama_path(req.path));
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -134,6 +164,7 @@ core::Status serve(const ServeOptions& o) {
   });
   add_openai_routes(svr, ctx);
   add_ollama_routes(svr, ctx);
+  add_web_routes(svr);
 
   int port = o.port;
   if (port == 0) {
@@ -188,11 +219,18 @@ core::Status serve(const ServeOptions& o) {
   auto loaded = ServedModel::load(lo);
   if (!loaded) return finish(core::Error{loaded.message()});
   std::unique_ptr<ServedModel> model = std::move(*loaded);
+  ctx.defaults = resolve_request_defaults(*model, o.default_enable_thinking, o.default_max_tokens);
   if (!stopping.load()) {
     ctx.model.store(model.get());
-    std::fprintf(stderr, "deltaflow serve: ready: model '%s' (%s, %lld positions) on http://%s:%d\n",
-                 model->name().c_str(), model->device_name(), static_cast<long long>(model->max_model_len()),
-                 o.host.c_str(), port);
+    const auto& d = ctx.defaults;
+    const std::string max_tokens =
+        d.generation.max_tokens ? std::to_string(*d.generation.max_tokens) : std::string("the context");
+    std::fprintf(
+        stderr,
+        "deltaflow serve: ready: model '%s' (%s, %lld positions; defaults: thinking %s, max_tokens %s) "
+        "on http://%s:%d\n",
+        model->name().c_str(), model->device_name(), static_cast<long long>(model->max_model_len()),
+        d.enable_thinking ? "on" : "off", max_tokens.c_str(), o.host.c_str(), port);
   }
   while (!stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Engine first (running and waiting requests end, so their HTTP threads return), then HTTP, then the model.

@@ -28,9 +28,13 @@ def deltaflow_bin():
 class Server:
     """A running `deltaflow serve`; stderr is collected for failure messages."""
 
-    def __init__(self, model_dir, *extra, api_key=API_KEY, ready_timeout=60):
-        args = [deltaflow_bin(), "serve", "--model", model_dir, "--host", "127.0.0.1", "--port", "0",
-                "--device", "cpu", "--served-model-name", MODEL]
+    def __init__(self, model_dir, *extra, api_key=API_KEY, ready_timeout=60, served_name=MODEL):
+        # model_dir None: the built-in default model; served_name None: the directory's name.
+        args = [deltaflow_bin(), "serve", "--host", "127.0.0.1", "--port", "0", "--device", "cpu"]
+        if model_dir:
+            args += ["--model", model_dir]
+        if served_name:
+            args += ["--served-model-name", served_name]
         if api_key:
             args += ["--api-key", api_key]
         args += list(extra)

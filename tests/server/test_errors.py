@@ -60,7 +60,10 @@ def test_completions_field_errors(server):
         if prompt is not None:
             body["prompt"] = prompt
         assert error_of(server.post("/v1/completions", body), 400)["param"] == "prompt"
-    assert error_of(server.post("/v1/completions", {"prompt": "x", "echo": True}), 400)["param"] == "echo"
+    e = error_of(server.post("/v1/completions", {"prompt": "x", "suffix": "y", "max_tokens": 2}), 400)
+    assert e["param"] == "suffix" and "fill-in-the-middle" in e["message"]
+    e = error_of(server.post("/v1/completions", {"prompt": "x", "max_tokens": 0}), 400)
+    assert e["param"] == "max_tokens" and "echo" in e["message"]
 
 
 def test_unknown_model_is_404(client):

@@ -100,6 +100,28 @@ TEST(EngineSampler, RepetitionPenaltyCoversThePrompt) {
   EXPECT_EQ(n.sample(neg), 1);
 }
 
+TEST(EngineSampler, LogitBiasMovesTheChoice) {
+  SamplingParams p;
+  p.logit_bias = {{4, 100.0f}};
+  EXPECT_EQ(draw(p, kLogits, 2), (std::vector<int32_t>{4, 4}));  // -1 + 100 beats 3
+  p.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(draw(p, kLogits, 1), (std::vector<int32_t>{5}));  // the runner-up, 2.9
+  // Sampled: a -100 bias removes the token in practice, +100 makes it certain; out-of-range ids are ignored.
+  p.temperature = 1.0f;
+  p.logit_bias = {{1, -100.0f}, {5, -100.0f}, {99, 5.0f}};
+  for (int32_t id : draw(p, kLogits, 500)) EXPECT_TRUE(id != 1 && id != 5);
+  p.logit_bias = {{3, 100.0f}};
+  for (int32_t id : draw(p, kLogits, 100)) EXPECT_EQ(id, 3);
+  // With penalties too: the bias adds to the penalised logits.
+  p.temperature = 0.0f;
+  p.presence_penalty = 2.0f;
+  p.logit_bias = {{0, 1.95f}};
+  EXPECT_EQ(draw(p, kLogits, 1), (std::vector<int32_t>{1}));  // nothing generated yet: 3 beats 1 + 1.95
+  Sampler s(p);
+  s.accept(1);
+  EXPECT_EQ(s.sample(kLogits), 0);  // 1 + 1.95 beats 2.9, and 3 - 2
+}
+
 TEST(EngineSampler, LogprobsMatchLogSoftmax) {
   double z = 0;
   for (float x : kLogits) z += std::exp(static_cast<double>(x));

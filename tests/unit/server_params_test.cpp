@@ -71,10 +71,34 @@ TEST(ServerParams, BadFieldsAreNamed) {
   EXPECT_EQ(bad(Json::parse(R"({"top_logprobs": 3})")), "top_logprobs");
   EXPECT_EQ(bad(Json::parse(R"({"response_format": {"type": "json_object"}})")), "response_format");
   EXPECT_EQ(bad(Json::parse(R"({"deltaflow_forced_tokens": "x"})")), "deltaflow_forced_tokens");
-  EXPECT_EQ(bad(Json::parse(R"({"echo": true})"), Api::kCompletions), "echo");
+  EXPECT_EQ(bad(Json::parse(R"({"echo": 1})"), Api::kCompletions), "echo");
+  EXPECT_EQ(bad(Json::parse(R"({"suffix": "x"})"), Api::kCompletions), "suffix");
+  EXPECT_EQ(bad(Json::parse(R"({"max_tokens": -1})"), Api::kCompletions), "max_tokens");
+  EXPECT_EQ(bad(Json::parse(R"({"logit_bias": [1]})")), "logit_bias");
+  EXPECT_EQ(bad(Json::parse(R"({"logit_bias": {"x": 1}})")), "logit_bias");
+  EXPECT_EQ(bad(Json::parse(R"({"logit_bias": {"1024": 1}})")), "logit_bias");
+  EXPECT_EQ(bad(Json::parse(R"({"logit_bias": {"5": 101}})")), "logit_bias");
+  EXPECT_EQ(bad(Json::parse(R"({"logit_bias": {"5": "1"}})")), "logit_bias");
+  EXPECT_EQ(bad(Json::parse(R"({"best_of": 3})")), "best_of");  // chat: a completions field
+  EXPECT_EQ(bad(Json::parse(R"({"n": 3, "best_of": 2})"), Api::kCompletions), "best_of");
+  EXPECT_EQ(bad(Json::parse(R"({"prompt_logprobs": 21})")), "prompt_logprobs");
   EXPECT_EQ(bad(Json::parse(R"({"logprobs": true})"), Api::kCompletions), "logprobs");
   EXPECT_EQ(bad(Json::parse(R"({"options": {"temperature": "x"}})"), Api::kOllama), "options.temperature");
   EXPECT_EQ(bad(Json::parse(R"({"options": 3})"), Api::kOllama), "options");
+}
+
+TEST(ServerParams, OpenAIFieldsForTools) {
+  auto p = ok(Json::parse(R"({"echo": true, "max_tokens": 0, "suffix": "", "best_of": 4, "n": 2,
+                              "logit_bias": {"7": 100, "12": -5.5}, "prompt_logprobs": 3, "logprobs": 1})"),
+              Api::kCompletions);
+  EXPECT_TRUE(p.echo);
+  EXPECT_EQ(*p.max_tokens, 0);
+  EXPECT_EQ(p.best_of, 4);
+  EXPECT_EQ(p.n, 2);
+  EXPECT_EQ(*p.prompt_logprobs, 3);
+  EXPECT_EQ(p.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, 100.0f}, {12, -5.5f}}));
+  EXPECT_EQ(ok(Json::object(), Api::kCompletions).best_of, 1);
+  EXPECT_EQ(ok(Json::parse(R"({"n": 3})"), Api::kCompletions).best_of, 3);
 }
 
 TEST(ServerParams, OllamaOptions) {

@@ -6,7 +6,7 @@ OUT/model/ gets:
                           fields, layer_types, rope_parameters, mtp_num_hidden_layers 1, eos), a placeholder
                           vision_config (no vision weights are shipped), tie_word_embeddings at both levels
   model.safetensors       bf16: model.language_model.* and mtp.* (no lm_head: tied)
-  generation_config.json  eos [<|im_end|>, <|endoftext|>], pad, do_sample, temperature 0.6, top_k 20, top_p 0.95
+  generation_config.json  eos [<|im_end|>, <|endoftext|>], pad, do_sample, enable_thinking false, temperature 0.6, top_k 20, top_p 0.95
   (tokenizer.json, tokenizer_config.json, chat_template.jinja are already there from train_tokenizer.py)
 
 Verification (results in OUT/work/export_check.json; exit status 1 if a check fails):
@@ -134,6 +134,9 @@ def main():
     gen = {
         "bos_token_id": tid["<|endoftext|>"],
         "do_sample": True,
+        # Trained on Python only, never on conversations or thoughts: deltaflow serve reads this as the
+        # chat default (thinking off) when a request does not say.
+        "enable_thinking": False,
         "eos_token_id": [tid["<|im_end|>"], tid["<|endoftext|>"]],
         "pad_token_id": tid["<|endoftext|>"],
         "temperature": 0.6,

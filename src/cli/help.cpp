@@ -1,0 +1,211 @@
+#include "cli/help.hpp"
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+namespace deltaflow::cli {
+
+namespace {
+
+struct Flag {
+  const char* name;  // "--model DIR"
+  const char* text;  // what it does and its default
+};
+
+struct Help {
+  const char* usage;
+  const char* about;
+  std::vector<Flag> flags;
+};
+
+const Flag kModel{"--model DIR", "checkpoint directory (default: models/house, or $DELTAFLOW_DEFAULT_MODEL)"};
+const Flag kDevice{"--device cpu|cuda|auto",
+                   "backend (default auto: CUDA when built with it and a GPU is seen)"};
+const Flag kTp{"--tensor-parallel-size N", "split the model over N GPUs of this host (default 1)"};
+const Flag kJson{"--json", "one JSON object on stdout instead of text"};
+
+std::vector<Flag> sampling_flags() {
+  return {{"--temperature T", "0 (default) is greedy"},
+          {"--top-k K", "keep the K most likely tokens (default 0: off)"},
+          {"--top-p P", "nucleus sampling mass in (0, 1] (default 1: off)"},
+          {"--min-p P", "drop tokens below P x the top probability (default 0: off)"},
+          {"--presence-penalty X", "in [-2, 2] (default 0)"},
+          {"--frequency-penalty X", "in [-2, 2] (default 0)"},
+          {"--repetition-penalty X", "in (0, 10] (default 1: off)"},
+          {"--seed S", "sampling seed (default 0)"}};
+}
+
+// The engine's flags (add_engine_flags in model_options.cpp).
+std::vector<Flag> engine_flags() {
+  return {{"--max-model-len N", "context length (default: the model's max_position_embeddings)"},
+          {"--max-num-seqs N", "sequences running at once (default 16)"},
+          {"--max-num-batched-tokens N",
+           "tokens one engine step carries: decode rows + prompt chunks (default 2048)"},
+          {"--kv-cache-gb GB", "KV memory (default: enough for max-num-seqs sequences of max-model-len)"},
+          {"--prefix-cache-gb GB", "memory the prefix cache may hold (default 1)"},
+          {"--no-prefix-cache", "no prefix cache"},
+          {"--max-queue N", "requests waiting at most; more are refused (429 when serving; default 256)"}};
+}
+
+std::vector<Flag> join(std::vector<Flag> a, const std::vector<Flag>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const std::map<std::string, Help>& table() {
+  static const std::map<std::string, Help> t = {
+      {"batch",
+       {"deltaflow batch --input IN.jsonl --output OUT.jsonl [--resume] [--model DIR] ...",
+        "Runs an OpenAI Batch file (lines of {custom_id, method, url, body}; url /v1/chat/completions or\n"
+        "/v1/completions) through the engine and appends one result line per request to OUT, fsynced.\n"
+        "--resume skips the custom_ids OUT already holds (repairing a torn last line).",
+        {{"--input FILE", "requests, one JSON object per line (required)"},
+         {"--output FILE", "results, appended (required; must not exist unless --resume)"},
+         {"--resume", "continue an interrupted job: skip the custom_ids already in --output"},
+         kModel,
+         kDevice,
+         kTp,
+         {"--served-model-name NAME",
+          "the name request bodies may give as \"model\" (default: the directory's)"},
+         {"--max-model-len N", "context length (default: the model's)"},
+         {"--max-queue N", "requests in flight in the engine at once (default 64)"},
+         {"--default-max-tokens N", "max_tokens when a request gives none (default: as serve)"},
+         {"--default-enable-thinking true|false", "chat thinking default (default: as serve)"},
+         {"--no-progress", "no progress bar even on a terminal"}}}},
+      {"bench",
+       {"deltaflow bench (--synthetic CONFIG.json | --model DIR) [options]",
+        "GPU decode and prefill speed against measured rooflines (needs a CUDA build and a GPU).\n"
+        "With --requests N: the serving benchmark through the engine ('deltaflow bench --requests --help').",
+        {{"--synthetic CONFIG.json", "random weights in the shape of this config.json"},
+         {"--model DIR", "a real checkpoint instead"},
+         {"--batches LIST", "decode batch sizes (default 1,8,32)"},
+         {"--contexts LIST", "decode context lengths (default 512,8192,32768)"},
+         {"--prefill LIST", "prefill lengths (default 512,8192,32768)"},
+         {"--steps N", "decode steps timed per point (default 24)"},
+         {"--seed S", "weights seed for --synthetic (default 1)"},
+         {"--prefill-chunk N", "prefill chunk in tokens (default 4096)"},
+         kTp,
+         {"--no-graphs", "decode without CUDA graphs"},
+         {"--profile", "GPU time per op (graphs off)"},
+         kJson}}},
+      {"bench --requests",
+       {"deltaflow bench --requests N (--synthetic CONFIG.json | --model DIR) [options]",
+        "The serving benchmark: N requests straight to the engine (any backend; rooflines on CUDA).",
+        join({{"--requests N", "requests submitted (this mode)"},
+              {"--synthetic CONFIG.json", "random weights in the shape of this config.json (CUDA)"},
+              {"--model DIR", "a real checkpoint instead"},
+              kDevice,
+              kTp,
+              {"--input-len L", "random prompt tokens per request (default 512)"},
+              {"--output-len M", "tokens generated per request, no early stop (default 128)"},
+              {"--max-concurrency C", "requests in flight at most (default N)"},
+              {"--prefix-hit K", "then TTFT of a cached K-token prefix + 50 new tokens"},
+              {"--seed S", "prompts (and --synthetic weights) seed (default 1)"},
+              kJson},
+             engine_flags())}},
+      {"chat",
+       {"deltaflow chat [--model DIR] [--system TEXT] [options]",
+        "Interactive chat with the model's chat template. Ctrl-C ends the turn, Ctrl-D or /exit quits.",
+        join({kModel,
+              kDevice,
+              {"--system TEXT", "system prompt"},
+              {"--enable-thinking true|false", "let the model think first (default false)"},
+              {"--max-tokens N", "tokens per answer at most (default 1024)"}},
+             join(sampling_flags(), engine_flags()))}},
+      {"eval",
+       {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--json]",
+        "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities.",
+        join({kModel,
+              kDevice,
+              kTp,
+              {"--ids LIST", "token ids to score; logprobs[i] = log p(ids[i+1] | ids[0..i])"},
+              {"--text FILE", "a text file, tokenized with the model's tokenizer"},
+              {"--window N", "--text: non-overlapping windows of N tokens (default: the model's context)"},
+              kJson},
+             engine_flags())}},
+      {"generate",
+       {"deltaflow generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3) [options]",
+        "One completion of raw text (streamed to stdout) or of token ids.",
+        join({kModel,
+              kDevice,
+              kTp,
+              {"--prompt TEXT", "the prompt as text"},
+              {"--prompt-ids LIST", "the prompt as token ids"},
+              {"--max-tokens N", "tokens to generate at most (default 32)"},
+              {"--ignore-eos", "do not stop at the end-of-sequence tokens"},
+              {"--json", "print {\"ids\": [...], \"finish_reason\": ...}"}},
+             join(sampling_flags(), engine_flags()))}},
+      {"inspect",
+       {"deltaflow inspect DIR [--max-context N] [--max-sequences N] [--gpu-memory GB] [--exact]",
+        "Architecture, layer pattern, parameter count, tensor formats and bytes, and the CUDA memory plan.",
+        {{"--max-context N", "context per sequence in the memory plan (default: the model's, capped)"},
+         {"--max-sequences N", "sequences in the memory plan, in [1, 4096]"},
+         {"--gpu-memory GB", "GPU memory to plan for (default: the visible GPU's)"},
+         {"--exact", "count every buffer exactly"}}}},
+      {"make-tiny",
+       {"deltaflow make-tiny --preset dense|moe|tied|multimodal|next --seed N --out DIR",
+        "Writes a random-weight checkpoint in the real architecture (same seed, same bytes).",
+        {{"--preset NAME", "dense, moe, tied, multimodal or next (required)"},
+         {"--seed N", "weights seed (default 0)"},
+         {"--out DIR", "output directory (required)"}}}},
+      {"serve",
+       {"deltaflow serve [--model DIR] [--host H] [--port N] [options]",
+        "OpenAI- and Ollama-compatible HTTP server, with a chat page at /.",
+        join({kModel,
+              kDevice,
+              kTp,
+              {"--host H", "address to listen on (default 127.0.0.1; others need --api-key)"},
+              {"--port N", "port (default 8000; 0: any free port)"},
+              {"--api-key KEY", "require 'Authorization: Bearer KEY'"},
+              {"--api-key-file F", "the key, read from a file"},
+              {"--insecure-no-auth", "allow a non-loopback --host without a key"},
+              {"--served-model-name NAME", "the model's name in the API (default: the directory's name)"},
+              {"--max-body-bytes N", "request bodies larger get 413 (default 8 MiB)"},
+              {"--default-max-tokens N",
+               "max_tokens when a request gives none (default: generation_config's max_new_tokens, else 512 "
+               "on "
+               "the CPU backend, else the rest of the context)"},
+              {"--default-enable-thinking true|false",
+               "chat thinking when a request does not say (default: from the model directory; see README)"},
+              {"--allowed-origins LIST",
+               "comma-separated browser origins allowed by CORS, or * (default: none)"},
+              {"--enable-test-hooks", "accept deltaflow_forced_tokens in requests (tests only)"},
+              {"--quiet", "no line per request on stderr"}},
+             engine_flags())}},
+      {"tokenize",
+       {"deltaflow tokenize --model DIR (--file F | TEXT | --chat F.json [--chat-template FILE]) [--json]",
+        "Token ids of a text, or of a conversation rendered by the chat template.",
+        {kModel,
+         {"--file F", "tokenize this file's bytes"},
+         {"--chat F.json", "a JSON list of messages (or {messages, tools, ...}) rendered by the template"},
+         {"--chat-template FILE", "--chat: use this Jinja template instead of the model's"},
+         kJson}}},
+  };
+  return t;
+}
+
+}  // namespace
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
+bool print_help(const std::string& command, FILE* to) {
+  auto it = table().find(command);
+  if (it == table().end()) return false;
+  const Help& h = it->second;
+  std::fprintf(to, "usage: %s\n\n%s\n\noptions:\n", h.usage, h.about);
+  for (const auto& f : h.flags) {
+    if (std::strlen(f.name) <= 30)
+      std::fprintf(to, "  %-30s %s\n", f.name, f.text);
+    else
+      std::fprintf(to, "  %s\n  %-30s %s\n", f.name, "", f.text);
+  }
+  std::fprintf(to, "  %-30s %s\n", "-h, --help", "this help");
+  return true;
+}
+
+}  // namespace deltaflow::cli
