@@ -4,7 +4,8 @@ set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-pip python3-venv
-      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgtest-dev libgmock-dev)
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgtest-dev libgmock-dev
+      libpng-dev libjpeg-dev libwebp-dev libgif-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
