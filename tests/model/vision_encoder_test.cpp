@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../vision_goldens.hpp"
+#include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/vision_encoder.hpp"
 #include "io/safetensors.hpp"
 #include "model/tiny_checkpoint.hpp"
@@ -137,6 +138,42 @@ TEST_F(VisionEncoder, BadInputsAreErrors) {
   EXPECT_EQ(
       backend::cpu::encode_images(config_, weights_, px, std::vector<model::VisionGrid>{{1, 1, 4}}).message(),
       "vision encoder: grid 1x1x4 is not a positive multiple of the merge size 2");
+}
+
+// tests/fixtures/vision/logits.safetensors holds Qwen3_5ForConditionalGeneration logits for prompts with
+// images, for the engine once images reach the language model. Until then, the text before the first image
+// (plain positions p, p, p) must already match our text model: this pins the fixture to this checkpoint.
+TEST_F(VisionEncoder, ImagePromptLogitsMatchOurTextModelBeforeTheFirstImage) {
+  auto f = io::SafetensorsFile::open(testing_vision::fixture_dir() + "/logits.safetensors");
+  ASSERT_TRUE(f.is_ok()) << f.message();
+  auto tensor = [&](const std::string& name) -> const io::TensorEntry* {
+    for (const auto& e : (*f)->header().tensors)
+      if (e.name == name) return &e;
+    return nullptr;
+  };
+  auto b = backend::cpu::CpuBackend::load(dir_);
+  ASSERT_TRUE(b.is_ok()) << b.message();
+  for (const char* name : {"one", "two"}) {
+    SCOPED_TRACE(name);
+    const auto* ids_e = tensor(std::string("ids/") + name);
+    const auto* lg_e = tensor(std::string("logits/") + name);
+    ASSERT_TRUE(ids_e && lg_e);
+    std::vector<int32_t> ids(static_cast<size_t>(ids_e->numel()));
+    std::memcpy(ids.data(), (*f)->tensor_data(*ids_e), ids.size() * 4);
+    size_t prefix = 0;
+    while (prefix < ids.size() && ids[prefix] != config_.image_token_id) ++prefix;
+    ASSERT_GT(prefix, 1u);
+    ASSERT_LT(prefix, ids.size());
+    const int64_t V = lg_e->shape[1];
+    std::vector<float> ref(prefix * static_cast<size_t>(V));
+    std::memcpy(ref.data(), (*f)->tensor_data(*lg_e), ref.size() * 4);
+    auto seq = (*b)->new_sequence();
+    std::vector<float> ours;
+    ASSERT_TRUE((*b)->forward(static_cast<backend::cpu::CpuSequenceState&>(*seq),
+                              std::span<const int32_t>(ids.data(), prefix), false, true, ours)
+                    .is_ok());
+    EXPECT_LE(rel_err(ours, ref), 5e-5);  // the text-model tolerance of model_goldens_test.cpp
+  }
 }
 
 TEST(VisionWeights, ATextOnlyCheckpointNamesTheMissingVisionTower) {
