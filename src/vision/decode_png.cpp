@@ -40,6 +40,9 @@ void on_png_read(png_structp png, png_bytep out, size_t n) {
 bool read_header(PngContext* c, uint32_t max_side) {
   if (setjmp(png_jmpbuf(c->png))) return false;
   png_set_user_limits(c->png, max_side, max_side);
+  // Ancillary chunks (text, iCCP, sPLT) can be zlib bombs or pile up: cap their count and inflated size.
+  png_set_chunk_cache_max(c->png, 128);
+  png_set_chunk_malloc_max(c->png, 8 << 20);
   png_set_read_fn(c->png, c, on_png_read);
   png_read_info(c->png, c->info);
   const int color_type = png_get_color_type(c->png, c->info);
