@@ -73,6 +73,10 @@ core::Expected<VisionConfig> parse_vision_config(const std::string& json_text, c
       return core::Error{vw + ": rope_parameters.rope_type '" + t->get<std::string>() +
                          "' is not supported (the Qwen3.5 vision tower uses 'axial')"};
   }
+  // Qwen3-VL's deepstack mergers feed intermediate ViT layers into the first decoder layers; Qwen3.5 has none
+  // and neither does this encoder, so a config that asks for them is refused rather than run without them.
+  if (auto it = v.find("deepstack_visual_indexes"); it != v.end() && it->is_array() && !it->empty())
+    return core::Error{vw + ": deepstack_visual_indexes is not empty; deepstack (Qwen3-VL) is not supported"};
   DF_TRY(read_int(root, "image_token_id", c.image_token_id, where));
   DF_TRY(read_int(root, "video_token_id", c.video_token_id, where));
   DF_TRY(read_int(root, "vision_start_token_id", c.vision_start_token_id, where));

@@ -176,6 +176,29 @@ TEST_F(VisionEncoder, ImagePromptLogitsMatchOurTextModelBeforeTheFirstImage) {
   }
 }
 
+TEST(VisionConfigParse, FieldsAndErrors) {
+  auto c = model::parse_vision_config(
+      R"({"vision_config": {"depth": 27, "hidden_size": 1152, "num_heads": 16, "patch_size": [16, 16],
+          "deepstack_visual_indexes": [], "out_hidden_size": 5120}, "image_token_id": 248056})",
+      "c.json");
+  ASSERT_TRUE(c.is_ok()) << c.message();
+  EXPECT_EQ(c->head_dim(), 72);
+  EXPECT_EQ(c->patch_dim(), 1536);
+  EXPECT_EQ(c->num_grid_per_side(), 48);
+  EXPECT_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(
+      model::parse_vision_config(R"({"vision_config": {"deepstack_visual_indexes": [8, 16]}})", "c.json")
+          .message(),
+      "c.json: vision_config: deepstack_visual_indexes is not empty; deepstack (Qwen3-VL) is not supported");
+  EXPECT_EQ(model::parse_vision_config(R"({"vision_config": {"num_position_embeddings": 2300}})", "c.json")
+                .message(),
+            "c.json: vision_config: num_position_embeddings 2300 is not a square");
+  EXPECT_EQ(model::parse_vision_config(R"({"vision_config": {"hidden_act": "silu"}})", "c.json").message(),
+            "c.json: vision_config: hidden_act 'silu' is not supported (expected gelu_pytorch_tanh)");
+  EXPECT_EQ(model::parse_vision_config(R"({"vision_config": {"patch_size": [16, 14]}})", "c.json").message(),
+            "c.json: vision_config: field 'patch_size' must be an integer or a list of equal integers");
+}
+
 TEST(VisionWeights, ATextOnlyCheckpointNamesTheMissingVisionTower) {
   const auto dir =
       (std::filesystem::temp_directory_path() / ("df_vision_noweights_" + std::to_string(::getpid())))
