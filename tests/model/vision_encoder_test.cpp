@@ -130,6 +130,25 @@ TEST_F(VisionEncoder, MatchesTransformers) {
   }
 }
 
+// Two frames in one grid (t = 2): attention stays within each frame, positions repeat per frame.
+TEST_F(VisionEncoder, TwoFrameGridMatchesTransformers) {
+  const auto& g = VisionGoldens::get();
+  ASSERT_TRUE(g.ok()) << g.error;
+  const auto gr = g.read<int64_t>("encoder/frames/grid");
+  ASSERT_EQ(gr.size(), 3u);
+  const int64_t n = gr[0] * gr[1] * gr[2];
+  std::vector<float> px(static_cast<size_t>(n * 1536));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < 1536; ++j)
+      px[static_cast<size_t>(i * 1536 + j)] = static_cast<float>((i * 37 + j * 11) % 255) / 127.5f - 1.0f;
+  backend::cpu::VisionTrace trace;
+  auto out = backend::cpu::encode_images(config_, weights_, px,
+                                         std::vector<model::VisionGrid>{{gr[0], gr[1], gr[2]}}, &trace);
+  ASSERT_TRUE(out.is_ok()) << out.message();
+  EXPECT_LE(rel_err(trace.embeddings, g.read<float>("encoder/frames/embeddings")), kTol);
+  EXPECT_LE(rel_err(*out, g.read<float>("encoder/frames/merged")), kTol);
+}
+
 TEST_F(VisionEncoder, BadInputsAreErrors) {
   std::vector<float> px(4 * 1536, 0.0f);
   EXPECT_EQ(

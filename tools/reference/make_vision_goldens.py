@@ -116,6 +116,19 @@ def main():
                 "three": ["synth_64x64", "gray_31x17.jpg", "synth_100x150"]}
     names = list(cases)
     with torch.no_grad():
+        # A two-frame grid (video-like: attention stays within each frame) with formula pixel values:
+        # row i, column j = ((37 i + 11 j) % 255) / 127.5 - 1, recomputed by the C++ test.
+        vg = torch.tensor([[2, 4, 6]])
+        n = int(vg.prod())
+        ii, jj = torch.meshgrid(torch.arange(n), torch.arange(1536), indexing="ij")
+        vpx = ((ii * 37 + jj * 11) % 255).float() / 127.5 - 1
+        captured = []
+        hook = visual.blocks[0].register_forward_pre_hook(lambda m, args: captured.append(args[0].clone()))
+        res = visual(vpx, grid_thw=vg, return_dict=True)
+        hook.remove()
+        out["encoder/frames/grid"] = vg[0].to(torch.int64)
+        out["encoder/frames/embeddings"] = captured[0].float().contiguous()
+        out["encoder/frames/merged"] = res.pooler_output.float().contiguous()
         for ename, members in enc_sets.items():
             pv = torch.cat([pixel_values[m] for m in members])
             g = torch.stack([grids[m] for m in members])
