@@ -18,7 +18,11 @@ const std::vector<EmbeddedAsset>& tiny_tokenizer_assets();
 
 // Special token ids of the tiny tokenizer: 1024 ids, the 26 Qwen added tokens at the top (998..1023) in the
 // Qwen order: <|endoftext|>, <|im_start|>, <|im_end|>, ...
-inline constexpr int kTinyPadTokenId = 998;   // <|endoftext|>
-inline constexpr int kTinyEosTokenId = 1000;  // <|im_end|>
+inline constexpr int kTinyPadTokenId = 998;           // <|endoftext|>
+inline constexpr int kTinyEosTokenId = 1000;          // <|im_end|>
+inline constexpr int kTinyVisionStartTokenId = 1007;  // <|vision_start|>
+inline constexpr int kTinyVisionEndTokenId = 1008;    // <|vision_end|>
+inline constexpr int kTinyImageTokenId = 1010;        // <|image_pad|>
+inline constexpr int kTinyVideoTokenId = 1011;        // <|video_pad|>
 
 }  // namespace deltaflow::model

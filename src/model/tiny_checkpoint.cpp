@@ -44,6 +44,7 @@ struct Preset {
   std::string name;
   std::string model_type;  // top-level
   bool multimodal = false;
+  bool vision = false;  // a complete model.visual.* tower and preprocessor_config.json (the vl preset)
   bool moe = false;
   bool next = false;
   bool tied = false;
@@ -56,6 +57,10 @@ struct Preset {
   std::vector<std::string> layer_types;  // empty: full_attention_interval
   int64_t full_attention_interval = 2;
   std::vector<int64_t> mlp_only_layers;
+  // Vision tower (Qwen3_5VisionConfig names). 16x16 learned positions, head_dim 16 (4 rotary frequencies per
+  // axis).
+  int64_t v_depth = 2, v_hidden = 32, v_inter = 64, v_heads = 2, v_patch = 16, v_merge = 2, v_temporal = 2;
+  int64_t v_num_pos = 256;
 };
 
 Preset make_preset(const std::string& name) {
@@ -82,6 +87,10 @@ Preset make_preset(const std::string& name) {
     p.moe = true;
     p.shards = true;
     p.full_attention_interval = 2;
+  } else if (name == "vl") {
+    p.model_type = "qwen3_5";
+    p.multimodal = true;
+    p.vision = true;
   } else if (name == "next") {
     p.model_type = "qwen3_next";
     p.next = true;
@@ -138,7 +147,7 @@ ojson text_config_json(const Preset& p) {
     t["decoder_sparse_step"] = 1;
     t["mlp_only_layers"] = p.mlp_only_layers;
   }
-  t["mtp_num_hidden_layers"] = p.multimodal ? 1 : 0;
+  t["mtp_num_hidden_layers"] = p.multimodal && !p.vision ? 1 : 0;  // vl: no MTP head
   t["eos_token_id"] = kTinyEosTokenId;
   t["dtype"] = p.dtype == DType::kF16 ? "float16" : "bfloat16";
   return t;
@@ -156,9 +165,30 @@ ojson config_json(const Preset& p) {
     return c;
   }
   ojson c;
-  c["architectures"] = {"Qwen3_5MoeForConditionalGeneration"};
+  c["architectures"] = {p.moe ? "Qwen3_5MoeForConditionalGeneration" : "Qwen3_5ForConditionalGeneration"};
   c["model_type"] = p.model_type;
   c["text_config"] = text_config_json(p);
+  if (p.vision) {
+    // The tiny tokenizer's vision tokens (assets/tiny-tokenizer: 1007..1011).
+    c["image_token_id"] = kTinyImageTokenId;
+    c["video_token_id"] = kTinyVideoTokenId;
+    c["vision_start_token_id"] = kTinyVisionStartTokenId;
+    c["vision_end_token_id"] = kTinyVisionEndTokenId;
+    c["vision_config"] = {{"model_type", "qwen3_5_vision"},
+                          {"depth", p.v_depth},
+                          {"hidden_size", p.v_hidden},
+                          {"hidden_act", "gelu_pytorch_tanh"},
+                          {"intermediate_size", p.v_inter},
+                          {"num_heads", p.v_heads},
+                          {"in_channels", 3},
+                          {"out_hidden_size", p.hidden},
+                          {"patch_size", p.v_patch},
+                          {"spatial_merge_size", p.v_merge},
+                          {"temporal_patch_size", p.v_temporal},
+                          {"num_position_embeddings", p.v_num_pos}};
+    c["tie_word_embeddings"] = p.tied;
+    return c;
+  }
   c["vision_config"] = {{"model_type", "qwen3_5_moe_vision"},
                         {"depth", 1},
                         {"hidden_size", 32},
@@ -280,6 +310,52 @@ void add_layer(TensorSink& s, const Preset& p, const std::string& lp, int64_t i,
   s.add(m + "shared_expert_gate.weight", {1, H}, proj_std(H, 1.0));
 }
 
+// The vision tower of Qwen3_5VisionModel (modeling_qwen3_5.py) in its checkpoint names: Conv3d patch
+// embedding, learned positions, pre-LayerNorm ViT blocks with fused qkv, and the 2x2 patch merger.
+void add_vision_tower(TensorSink& s, const Preset& p) {
+  const std::string v = "model.visual.";
+  const int64_t D = p.v_hidden, I = p.v_inter, M = D * p.v_merge * p.v_merge;
+  const int64_t patch_in = 3 * p.v_temporal * p.v_patch * p.v_patch;
+  auto layer_norm = [&](const std::string& name, int64_t n) {
+    s.add(name + ".weight", {n}, 0.1, 1.0);
+    s.add(name + ".bias", {n}, 0.1);
+  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, double gain) {
+    s.add(name + ".weight", {out, in}, proj_std(in, gain));
+    s.add(name + ".bias", {out}, 0.05);
+  };
+  s.add(v + "patch_embed.proj.weight", {D, 3, p.v_temporal, p.v_patch, p.v_patch}, proj_std(patch_in, 2.0));
+  s.add(v + "patch_embed.proj.bias", {D}, 0.05);
+  s.add(v + "pos_embed.weight", {p.v_num_pos, D}, 0.5);
+  for (int64_t i = 0; i < p.v_depth; ++i) {
+    const std::string b = v + "blocks." + std::to_string(i) + ".";
+    layer_norm(b + "norm1", D);
+    layer_norm(b + "norm2", D);
+    linear(b + "attn.qkv", 3 * D, D, 1.5);
+    linear(b + "attn.proj", D, D, 0.7);
+    linear(b + "mlp.linear_fc1", I, D, 1.0);
+    linear(b + "mlp.linear_fc2", D, I, 0.7);
+  }
+  layer_norm(v + "merger.norm", D);
+  linear(v + "merger.linear_fc1", M, M, 1.0);
+  linear(v + "merger.linear_fc2", p.hidden, M, 1.0);
+}
+
+// preprocessor_config.json in the keys the Qwen3.5 checkpoints ship (Qwen2VLImageProcessorFast). The pixel
+// range is smaller than the real 65536..16777216 so that test images stay a few dozen patches.
+ojson preprocessor_json(const Preset& p) {
+  ojson j;
+  j["size"] = {{"longest_edge", 65536}, {"shortest_edge", 4096}};
+  j["patch_size"] = p.v_patch;
+  j["temporal_patch_size"] = p.v_temporal;
+  j["merge_size"] = p.v_merge;
+  j["image_mean"] = {0.5, 0.5, 0.5};
+  j["image_std"] = {0.5, 0.5, 0.5};
+  j["processor_class"] = "Qwen3VLProcessor";
+  j["image_processor_type"] = "Qwen2VLImageProcessorFast";
+  return j;
+}
+
 core::Status write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -290,7 +366,7 @@ core::Status write_text(const std::string& path, const std::string& text) {
 }  // namespace
 
 const std::vector<std::string>& tiny_presets() {
-  static const std::vector<std::string> p = {"dense", "moe", "tied", "multimodal", "next"};
+  static const std::vector<std::string> p = {"dense", "moe", "tied", "multimodal", "next", "vl"};
   return p;
 }
 
@@ -323,7 +399,9 @@ core::Status write_tiny_checkpoint(const std::string& preset, uint64_t seed, con
   }
   add_norm(s, pre + "norm.weight", p.hidden);
   if (!p.tied) s.add("lm_head.weight", {p.vocab, p.hidden}, 3.0 / std::sqrt(static_cast<double>(p.hidden)));
-  if (p.multimodal) {
+  if (p.vision) {
+    add_vision_tower(s, p);
+  } else if (p.multimodal) {
     // Recognised, not used by the text model: an MTP head and a vision tower stub in the real names.
     add_norm(s, "mtp.pre_fc_norm_embedding.weight", p.hidden);
     add_norm(s, "mtp.pre_fc_norm_hidden.weight", p.hidden);
@@ -364,6 +442,8 @@ core::Status write_tiny_checkpoint(const std::string& preset, uint64_t seed, con
                {"top_k", 20},
                {"top_p", 0.95}};
   DF_TRY(write_text(out_dir + "/generation_config.json", gen.dump(2) + "\n"));
+  if (p.vision)
+    DF_TRY(write_text(out_dir + "/preprocessor_config.json", preprocessor_json(p).dump(2) + "\n"));
   for (const auto& asset : tiny_tokenizer_assets())
     DF_TRY(write_text(out_dir + "/" + asset.name, std::string(asset.text)));
   return core::Status();

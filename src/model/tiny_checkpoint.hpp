@@ -11,7 +11,8 @@
 
 namespace deltaflow::model {
 
-// Preset names: dense, moe, tied, multimodal, next.
+// Preset names: dense, moe, tied, multimodal, next, vl (Qwen3_5ForConditionalGeneration with a vision tower
+// and preprocessor_config.json).
 const std::vector<std::string>& tiny_presets();
 
 // Writes config.json, model.safetensors (or shards + index), generation_config.json and tokenizer files to

@@ -127,7 +127,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--presets", default="dense,moe,tied,multimodal,next")
+    ap.add_argument("--presets", default="dense,moe,tied,multimodal,next,vl")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
