@@ -101,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(Producers, QuantGoldens,
                                            Case{"modelopt_w4a16_moe", 152, 0},
                                            Case{"modelopt_mixed_dense", 13, 14},
                                            Case{"ct_nvfp4a16_dense", 26, 0}, Case{"ct_fp8block_moe", 0, 152},
-                                           Case{"ct_fp8dynamic_dense", 0, 26}, Case{"qwen_fp8_dense", 0, 22}),
+                                           Case{"ct_fp8dynamic_dense", 0, 26}, Case{"qwen_fp8_dense", 0, 26}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -156,6 +156,14 @@ TEST(QuantConfig, QwenFp8Block) {
   EXPECT_EQ(scheme(*c, "lm_head").format, WeightFormat::kFloat);
   EXPECT_EQ(scheme(*c, "model.language_model.layers.0.linear_attn.in_proj_a").format, WeightFormat::kFloat);
   EXPECT_EQ(c->summary, "fp8 block 128x128");
+  // transformers' should_convert_module: a regex at the start or a suffix, not a substring.
+  auto g = parse_quantization_config(
+      R"({"quant_method": "fp8", "modules_to_not_convert": ["mlp.gate", "model.layers.1"]})", "config.json");
+  ASSERT_TRUE(g.is_ok()) << g.message();
+  EXPECT_EQ(scheme(*g, "model.layers.0.mlp.gate").format, WeightFormat::kFloat);
+  EXPECT_EQ(scheme(*g, "model.layers.0.mlp.gate_proj").format, WeightFormat::kFp8);
+  EXPECT_EQ(scheme(*g, "model.layers.1.mlp.up_proj").format, WeightFormat::kFloat);
+  EXPECT_EQ(scheme(*g, "model.layers.11.mlp.up_proj").format, WeightFormat::kFloat);  // as re.match does
 }
 
 TEST(QuantConfig, ErrorsNameTheFileAndField) {

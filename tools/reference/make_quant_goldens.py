@@ -118,13 +118,16 @@ def qwen_fp8_export(src, out):
     """Qwen's FP8 layout (Qwen/Qwen3.6-*-FP8): E4M3 weight, weight_scale_inv = blk_amax/448 per 128x128 block."""
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
-    keep = ["lm_head", "in_proj_a", "in_proj_b", "mlp.gate", "shared_expert_gate", "embed_tokens"]
+    # modules_to_not_convert, matched as transformers does (should_convert_module: a regex anchored at the start
+    # of the module name, or a suffix); the same list `deltaflow quantize --format fp8-block` writes.
+    from transformers.quantizers.quantizers_utils import should_convert_module
+    keep = ["lm_head", "embed_tokens", "linear_attn.conv1d", "linear_attn.in_proj_a", "linear_attn.in_proj_b",
+            "mlp.gate", "shared_expert_gate", "mtp"]
     tensors = {}
     with safe_open(os.path.join(src, "model.safetensors"), "pt") as f:
         for k in f.keys():
             t = f.get_tensor(k)
-            linear = k.endswith("_proj.weight") or k.endswith("proj_qkv.weight") or k.endswith("proj_z.weight")
-            if not linear or t.dim() != 2 or any(s in k for s in keep):
+            if not k.endswith(".weight") or t.dim() != 2 or not should_convert_module(k[: -len(".weight")], keep):
                 tensors[k] = t
                 continue
             w = t.float()

@@ -265,7 +265,7 @@ core::Expected<QuantConfig> parse_qwen_fp8(const json& q, const std::string& whe
   c.summary =
       "fp8 block " + std::to_string(c.uniform.block_rows) + "x" + std::to_string(c.uniform.block_cols);
   DF_ASSIGN(std::vector<std::string> keep, opt_strings(q, "modules_to_not_convert", where));
-  DF_ASSIGN(c.exclude, patterns(keep, NamePattern::Kind::kSubstring, where));
+  DF_ASSIGN(c.exclude, patterns(keep, NamePattern::Kind::kHfPrefix, where));
   return c;
 }
 
@@ -275,7 +275,7 @@ core::Expected<NamePattern> NamePattern::make(Kind kind, std::string text, const
   NamePattern p;
   p.kind_ = kind;
   p.text_ = std::move(text);
-  if (kind == Kind::kRegex) {
+  if (kind == Kind::kRegex || kind == Kind::kHfPrefix) {
     int err = 0;
     PCRE2_SIZE off = 0;
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.text_.data()), p.text_.size(),
@@ -299,8 +299,10 @@ bool NamePattern::matches(std::string_view m) const {
       return glob_match(text_, m);
     case Kind::kLinearClass:
       return true;
-    case Kind::kSubstring:
-      return !text_.empty() && m.find(text_) != std::string_view::npos;
+    case Kind::kHfPrefix:
+      if (m.size() >= text_.size() && m.compare(m.size() - text_.size(), text_.size(), text_) == 0)
+        return true;
+      [[fallthrough]];
     case Kind::kRegex: {
       auto* code = static_cast<pcre2_code*>(regex_.get());
       pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);

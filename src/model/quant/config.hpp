@@ -37,7 +37,9 @@ struct LinearScheme {
 // A compiled module-name pattern.
 class NamePattern {
  public:
-  enum class Kind : uint8_t { kExact, kGlob, kRegex, kLinearClass, kSubstring };
+  // kHfPrefix: transformers' should_convert_module (modules_to_not_convert): a regex matched at the start of
+  // the name, or a plain suffix.
+  enum class Kind : uint8_t { kExact, kGlob, kRegex, kLinearClass, kHfPrefix };
   // `text` is kept for messages; a regex that does not compile is an error naming `where`.
   static core::Expected<NamePattern> make(Kind kind, std::string text, const std::string& where);
   bool matches(std::string_view module) const;
