@@ -7,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "io/safetensors.hpp"
 #include "model/config.hpp"
+#include "model/weight_summary.hpp"
 #include "model/weights.hpp"
 
 namespace deltaflow::cli {
@@ -43,11 +44,41 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const backend::Memo
   }
 }
 
+// The bound weights by format (elements and scales), each tensor's format with --tensors, and what one
+// decoded token reads.
+void print_weight_formats(const model::TextConfig& c, const model::ModelWeights& w, bool each) {
+  std::printf("quantization:   %s\n",
+              c.quant.quantized() ? (c.quant.summary + " (" + c.quant.where + ")").c_str() : "none");
+  std::map<std::string, std::pair<size_t, uint64_t>> by_format;
+  if (each) std::printf("weights:\n");
+  model::for_each_weight(c, w, [&](const std::string& role, const model::Mat& m) {
+    const std::string f = model::describe_format(m);
+    auto& e = by_format[f];
+    ++e.first;
+    e.second += m.stored_bytes();
+    if (each)
+      std::printf("  %-48s %-52s [%lld, %lld] %llu bytes\n", (m.name ? *m.name : w.prefix + role).c_str(),
+                  f.c_str(), static_cast<long long>(m.rows), static_cast<long long>(m.cols),
+                  static_cast<unsigned long long>(m.stored_bytes()));
+  });
+  for (const auto& [name, e] : by_format)
+    std::printf("  weights %-52s %5zu tensors, %llu bytes\n", name.c_str(), e.first,
+                static_cast<unsigned long long>(e.second));
+  const uint64_t per_token = model::bytes_per_decoded_token(c, w);
+  const std::string experts = c.is_moe() ? ", " + std::to_string(c.num_experts_per_tok) + " of " +
+                                               std::to_string(c.num_experts) + " experts"
+                                         : "";
+  std::printf("decode reads:   %llu bytes per token (%.3f GB; batch 1%s)\n",
+              static_cast<unsigned long long>(per_token), static_cast<double>(per_token) / 1e9,
+              experts.c_str());
+}
+
 }  // namespace
 
 int cmd_inspect(const Argv& argv) {
   const std::string cmd = "inspect";
-  auto args = Args::parse(argv, {{"--max-context", "--max-sequences", "--gpu-memory"}, {"--exact"}, 1});
+  auto args =
+      Args::parse(argv, {{"--max-context", "--max-sequences", "--gpu-memory"}, {"--exact", "--tensors"}, 1});
   if (!args) return fail(cmd, args.message());
   if (args->positionals().empty()) return fail(cmd, "missing DIR");
   const std::string dir = args->positionals()[0];
@@ -116,6 +147,7 @@ int cmd_inspect(const Argv& argv) {
   for (const auto& [name, f] : formats)
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));
+  print_weight_formats(c, *w, args->has("--tensors"));
   print_memory_plan(backend::estimate_memory_plan(c, plan_opt), plan_opt, *gpu_gb);
   return 0;
 }

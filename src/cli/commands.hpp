@@ -16,6 +16,7 @@ int cmd_generate(const Argv& args);
 int cmd_eval(const Argv& args);
 int cmd_inspect(const Argv& args);
 int cmd_make_tiny(const Argv& args);
+int cmd_quantize(const Argv& args);
 int cmd_tokenize(const Argv& args);
 int cmd_serve(const Argv& args);
 

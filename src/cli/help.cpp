@@ -149,6 +149,13 @@ const std::map<std::string, Help>& table() {
         {{"--preset NAME", "dense, moe, tied, multimodal or next (required)"},
          {"--seed N", "weights seed (default 0)"},
          {"--out DIR", "output directory (required)"}}}},
+      {"quantize",
+       {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4",
+        "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4), with the\n"
+        "config and tokenizer files copied; our loader and transformers both read it.",
+        {{"--model DIR", "the BF16 / F16 / F32 checkpoint to quantize (required)"},
+         {"--out DIR", "output directory (required)"},
+         {"--format NAME", "fp8-block or nvfp4 (required)"}}}},
       {"serve",
        {"deltaflow serve [--model DIR] [--host H] [--port N] [options]",
         "OpenAI- and Ollama-compatible HTTP server, with a chat page at /.",

@@ -31,6 +31,7 @@ const std::map<std::string, Command>& commands() {
        {cmd_eval, "teacher-forced NLL: [--model DIR] (--ids 1,2,3 | --text FILE [--window N]) [--json]"}},
       {"inspect", {cmd_inspect, "DIR: architecture, layer pattern, parameters, tensor formats, bytes"}},
       {"make-tiny", {cmd_make_tiny, "--preset NAME --seed N --out DIR: a random-weight checkpoint"}},
+      {"quantize", {cmd_quantize, "--model DIR --out DIR --format fp8-block|nvfp4: a quantized checkpoint"}},
       {"serve",
        {cmd_serve, "OpenAI + Ollama HTTP API: [--model DIR] [--host H] [--port N] [--api-key KEY] ..."}},
       {"tokenize", {cmd_tokenize, "--model DIR (--file F | --chat F.json) [--json]"}},

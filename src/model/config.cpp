@@ -219,6 +219,15 @@ core::Expected<TextConfig> parse_text_config(const std::string& json_text, const
     return core::Error{w + ": head_dim x partial_rotary_factor must be even and at most head_dim"};
   if (c.is_moe() && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts))
     return core::Error{w + ": num_experts_per_tok must be in [1, num_experts]"};
+  // quantization_config sits at the top level (also in the multimodal layout); some exports put it in
+  // text_config.
+  const json* qc = root.contains("quantization_config") ? &root["quantization_config"]
+                   : t.contains("quantization_config")  ? &t["quantization_config"]
+                                                        : nullptr;
+  if (qc && !qc->is_null()) {
+    if (!qc->is_object()) return core::Error{where + ": field 'quantization_config' must be an object"};
+    DF_ASSIGN(c.quant, quant::parse_quantization_config(qc->dump(), where + ": quantization_config"));
+  }
   return c;
 }
 
@@ -228,7 +237,16 @@ core::Expected<TextConfig> load_text_config(const std::string& model_dir) {
   if (!in) return core::Error{path + ": cannot open"};
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_text_config(ss.str(), path);
+  DF_ASSIGN(TextConfig c, parse_text_config(ss.str(), path));
+  // ModelOpt's own file, when present, is the one its exporter wrote first; it wins over config.json's copy.
+  const std::string hf_quant = model_dir + "/hf_quant_config.json";
+  std::ifstream hq(hf_quant, std::ios::binary);
+  if (hq) {
+    std::stringstream hs;
+    hs << hq.rdbuf();
+    DF_ASSIGN(c.quant, quant::parse_hf_quant_config(hs.str(), hf_quant));
+  }
+  return c;
 }
 
 }  // namespace deltaflow::model

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/status.hpp"
+#include "model/quant/config.hpp"
 
 namespace deltaflow::model {
 
@@ -57,6 +58,9 @@ struct TextConfig {
   std::vector<int64_t> mlp_only_layers;
 
   int64_t mtp_num_hidden_layers = 0;
+
+  // quantization_config (config.json) or hf_quant_config.json; convention kNone for float checkpoints.
+  quant::QuantConfig quant;
   std::vector<int64_t> eos_token_ids;
 
   // Derived sizes.

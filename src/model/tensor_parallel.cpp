@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "model/weight_summary.hpp"
+
 namespace deltaflow::model {
 namespace {
 
@@ -129,6 +131,9 @@ TextConfig shard_config(const TextConfig& full, const ShardLayout& l) {
 core::Expected<ModelWeights> shard_weights(const TextConfig& c, const ModelWeights& w, const ShardLayout& l) {
   if (w.layers.size() != static_cast<size_t>(c.num_hidden_layers))
     return core::Error{"tensor parallel: the weights do not match the config"};
+  if (const Mat* q = first_quantized(c, w))
+    return core::Error{"tensor parallel: tensor '" + (q->name ? *q->name : std::string("?")) + "' is " +
+                       describe_format(*q) + "; quantized weights are not sharded yet"};
   ModelWeights o;
   Builder b(o);
   o.prefix = w.prefix;

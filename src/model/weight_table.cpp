@@ -2,6 +2,7 @@
 // Mirrors transformers 5.17: Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM (which strip `language_model.` and
 // ignore `mtp.*` and `model.visual.*`) and Qwen3NextForCausalLM.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -23,17 +24,26 @@ bool is_float_weight(core::DType t) {
   return t == core::DType::kBF16 || t == core::DType::kF16 || t == core::DType::kF32;
 }
 
+std::string scheme_name(const quant::LinearScheme& s) {
+  return s.algo.empty() ? std::string(quant::format_name(s.format)) : s.algo;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
 class Binder {
  public:
-  Binder(const io::Checkpoint& ck, ModelWeights& w) : ck_(ck), w_(w) {}
+  Binder(const io::Checkpoint& ck, const quant::QuantConfig& q, ModelWeights& w) : ck_(ck), q_(q), w_(w) {}
 
-  // The tensor `name` with exactly `shape`, viewed as [shape[0], rest...] (a 1-D tensor as [1, n]).
+  // The tensor `name` with exactly `shape`, viewed as [shape[0], rest...] (a 1-D tensor as [1, n]); float.
   core::Expected<Mat> mat(const std::string& name, const std::vector<int64_t>& shape,
                           const std::string& what) {
     DF_ASSIGN(const io::Tensor* t, find(name, shape, what));
     Mat m;
     m.data = t->data;
     m.dtype = t->dtype;
+    m.name = &t->name;
     if (shape.size() == 1) {
       m.rows = 1;
       m.cols = shape[0];
@@ -43,6 +53,119 @@ class Binder {
       for (size_t i = 1; i < shape.size(); ++i) m.cols *= shape[i];
     }
     count(*t);
+    return m;
+  }
+
+  // The weight [N, K] of the linear module `module` (checkpoint name without ".weight"): float, or in the
+  // format the quantization config gives it, with its scale tensors.
+  core::Expected<Mat> linear(const std::string& module, int64_t N, int64_t K, const std::string& what) {
+    const quant::LinearScheme s = q_.scheme_for(module);
+    const std::string wname = module + ".weight";
+    if (!s.supported)
+      return core::Error{where(module) + ": tensor '" + wname + "': format " + scheme_name(s) +
+                         " is not supported"};
+    if (s.format == quant::WeightFormat::kFloat) {
+      const io::Tensor* t = ck_.find(wname);
+      if (t && !is_float_weight(t->dtype) && q_.quantized())
+        return core::Error{*t->file + ": tensor '" + wname + "' has dtype " +
+                           std::string(core::dtype_name(t->dtype)) + " but " + q_.where + " leaves module '" +
+                           module + "' unquantized (" + q_.summary + ")"};
+      return mat(wname, {N, K}, what);
+    }
+    const bool ct = q_.convention == quant::Convention::kCompressedTensors;
+    const std::string qname =
+        ct && s.format == quant::WeightFormat::kNvfp4 ? module + ".weight_packed" : wname;
+    const io::Tensor* t = ck_.find(qname);
+    const io::Tensor* f = ck_.find(wname);
+    if (f && is_float_weight(f->dtype) && (!t || t == f)) {
+      // Qwen's FP8 configs list only some of the modules they keep in bf16; a float weight without scales
+      // is a module kept as it is.
+      if (q_.convention == quant::Convention::kQwenFp8 && !has(module + ".weight_scale_inv"))
+        return mat(wname, {N, K}, what);
+      return core::Error{*f->file + ": tensor '" + wname + "' has dtype " +
+                         std::string(core::dtype_name(f->dtype)) + " but " + q_.where + " gives module '" +
+                         module + "' format " + scheme_name(s)};
+    }
+    Mat m;
+    m.rows = N;
+    m.cols = K;
+    m.format = s.format;
+    if (s.format == quant::WeightFormat::kNvfp4) {
+      if (K % quant::kNvfp4Group != 0)
+        return core::Error{where(module) + ": tensor '" + qname + "': NVFP4 needs in_features (" +
+                           std::to_string(K) + ") to be a multiple of 16"};
+      DF_ASSIGN(t, quant_tensor(qname, {N, K / 2}, core::DType::kU8, s, what));
+      DF_ASSIGN(const io::Tensor* sc, quant_tensor(module + ".weight_scale", {N, K / quant::kNvfp4Group},
+                                                   core::DType::kF8E4M3, s, what));
+      m.scale = quant::ScaleView{sc->data, sc->dtype, N, K / quant::kNvfp4Group, 1, quant::kNvfp4Group};
+      count_extra(*sc);
+      if (ct) {
+        DF_ASSIGN(m.global_scale, scalar(module + ".weight_global_scale", s, what, true));
+        m.global_op = quant::GlobalOp::kDivide;
+        if (has(module + ".input_global_scale")) {
+          DF_ASSIGN(float in, scalar(module + ".input_global_scale", s, what, true));
+          m.input_scale = 1.0f / in;
+        }
+      } else {
+        DF_ASSIGN(m.global_scale, scalar(module + ".weight_scale_2", s, what, false));
+        if (has(module + ".input_scale")) {
+          DF_ASSIGN(m.input_scale, scalar(module + ".input_scale", s, what, false));
+        }
+      }
+    } else {  // FP8
+      DF_ASSIGN(t, quant_tensor(wname, {N, K}, core::DType::kF8E4M3, s, what));
+      const bool qwen = q_.convention == quant::Convention::kQwenFp8;
+      const std::string sname = module + (qwen ? ".weight_scale_inv" : ".weight_scale");
+      const io::Tensor* sc = ck_.find(sname);
+      if (!sc)
+        return core::Error{where(module) + ": missing tensor '" + sname + "' (" + scheme_name(s) + ", " +
+                           what + ")"};
+      if (sc->dtype != core::DType::kF32 && sc->dtype != core::DType::kBF16 && sc->dtype != core::DType::kF16)
+        return core::Error{*sc->file + ": tensor '" + sname + "' has dtype " +
+                           std::string(core::dtype_name(sc->dtype)) + ", expected F32, BF16 or F16 (" +
+                           scheme_name(s) + ")"};
+      quant::ScaleView v{sc->data, sc->dtype, 1, 1, N, K};
+      std::vector<int64_t> want;
+      if (s.fp8_scales == quant::Fp8Scales::kTensor) {
+        if (sc->numel() != 1)
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
+                             ", expected one value (" + scheme_name(s) + " per-tensor scale)"};
+      } else if (s.fp8_scales == quant::Fp8Scales::kChannel) {
+        want = {N, 1};
+        if (sc->shape != want && sc->shape != std::vector<int64_t>{N})
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
+                             ", expected " + shape_str(want) + " (" + scheme_name(s) +
+                             " per-channel scales)"};
+        v = quant::ScaleView{sc->data, sc->dtype, N, 1, 1, K};
+      } else {
+        // ModelOpt's FP8_PB_WO is 128x128 like the others.
+        const int64_t br = s.block_rows, bc = s.block_cols;
+        want = {ceil_div(N, br), ceil_div(K, bc)};
+        if (sc->shape != want)
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
+                             ", expected " + shape_str(want) + " (" + scheme_name(s) + " " +
+                             std::to_string(br) + "x" + std::to_string(bc) + " block scales)"};
+        v = quant::ScaleView{sc->data, sc->dtype, want[0], want[1], br, bc};
+      }
+      for (int64_t i = 0; i < v.rows * v.cols; ++i) {
+        const float x = core::load_as_f32(sc->data, sc->dtype, static_cast<size_t>(i));
+        if (!std::isfinite(x))
+          return core::Error{*sc->file + ": tensor '" + sname + "' holds a non-finite scale (" +
+                             scheme_name(s) + ")"};
+      }
+      m.scale = v;
+      used_.insert(sname);
+      count_extra(*sc);
+      const std::string iname = module + ".input_scale";
+      if (has(iname)) {
+        DF_ASSIGN(m.input_scale, scalar(iname, s, what, false));
+      }
+    }
+    m.data = t->data;
+    m.dtype = t->dtype;
+    m.name = &t->name;
+    w_.bytes += t->nbytes;
+    w_.parameter_count += N * K;
     return m;
   }
 
@@ -57,8 +180,10 @@ class Binder {
                          ", expected " + shape_str(shape) + " (" + what + ")"};
     if (!is_float_weight(t->dtype))
       return core::Error{*t->file + ": tensor '" + name + "' has dtype " +
-                         std::string(core::dtype_name(t->dtype)) +
-                         ", expected BF16, F16 or F32 (quantized formats are not supported yet)"};
+                         std::string(core::dtype_name(t->dtype)) + ", expected BF16, F16 or F32" +
+                         (q_.quantized()
+                              ? " (" + q_.where + " does not quantize it: " + q_.summary + ")"
+                              : " (no quantization_config or hf_quant_config.json says how to read it)")};
     used_.insert(name);
     return t;
   }
@@ -70,9 +195,55 @@ class Binder {
     w_.bytes += t.nbytes;
     w_.parameter_count += t.numel();
   }
+  // Scales: bytes only, they are not parameters.
+  void count_extra(const io::Tensor& t) { w_.bytes += t.nbytes; }
 
  private:
+  std::string where(const std::string& module) const {
+    const io::Tensor* t = ck_.find(module + ".weight");
+    if (!t) t = ck_.find(module + ".weight_packed");
+    return t ? *t->file : ck_.dir();
+  }
+
+  // A quantized tensor of exactly `shape` and `dtype`.
+  core::Expected<const io::Tensor*> quant_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                                                 core::DType dtype, const quant::LinearScheme& s,
+                                                 const std::string& what) {
+    const io::Tensor* t = ck_.find(name);
+    if (!t)
+      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (" + scheme_name(s) + ", expected " +
+                         std::string(core::dtype_name(dtype)) + " " + shape_str(shape) + ", " + what + ")"};
+    if (t->dtype != dtype || t->shape != shape)
+      return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
+                         " " + shape_str(t->shape) + ", expected " + std::string(core::dtype_name(dtype)) +
+                         " " + shape_str(shape) + " (" + scheme_name(s) + ", " + what + ")"};
+    used_.insert(name);
+    return t;
+  }
+
+  // A one-value F32 scale ([] or [1]); `nonzero` for divisors.
+  core::Expected<float> scalar(const std::string& name, const quant::LinearScheme& s, const std::string& what,
+                               bool nonzero) {
+    const io::Tensor* t = ck_.find(name);
+    if (!t)
+      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (" + scheme_name(s) + ", " + what +
+                         ")"};
+    if (t->numel() != 1 || t->shape.size() > 1 ||
+        (t->dtype != core::DType::kF32 && t->dtype != core::DType::kBF16 && t->dtype != core::DType::kF16))
+      return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
+                         " " + shape_str(t->shape) + ", expected one F32 value (" + scheme_name(s) + ")"};
+    const float v = core::load_as_f32(t->data, t->dtype, 0);
+    if (!std::isfinite(v) || (nonzero && v == 0.0f))
+      return core::Error{*t->file + ": tensor '" + name + "' holds " + std::to_string(v) +
+                         ", expected a finite" + (nonzero ? " non-zero" : "") + " scale (" + scheme_name(s) +
+                         ")"};
+    used_.insert(name);
+    count_extra(*t);
+    return v;
+  }
+
   const io::Checkpoint& ck_;
+  const quant::QuantConfig& q_;
   ModelWeights& w_;
   std::set<std::string> used_;
 };
@@ -91,20 +262,28 @@ Mat owned_mat(ModelWeights& w, std::vector<uint8_t> bytes, core::DType dt, int64
 
 core::Status bind_mlp(Binder& b, const std::string& p, int64_t hidden, int64_t inter, MlpWeights& m,
                       const std::string& what) {
-  DF_ASSIGN(m.gate_proj, b.mat(p + "gate_proj.weight", {inter, hidden}, what));
-  DF_ASSIGN(m.up_proj, b.mat(p + "up_proj.weight", {inter, hidden}, what));
-  DF_ASSIGN(m.down_proj, b.mat(p + "down_proj.weight", {hidden, inter}, what));
+  DF_ASSIGN(m.gate_proj, b.linear(p + "gate_proj", inter, hidden, what));
+  DF_ASSIGN(m.up_proj, b.linear(p + "up_proj", inter, hidden, what));
+  DF_ASSIGN(m.down_proj, b.linear(p + "down_proj", hidden, inter, what));
   return core::Status();
 }
 
 core::Status bind_moe(Binder& b, const io::Checkpoint& ck, const TextConfig& c, const std::string& p,
                       MoeWeights& m, const std::string& what) {
   const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
-  DF_ASSIGN(m.router, b.mat(p + "gate.weight", {E, H}, what + ", router"));
+  DF_ASSIGN(m.router, b.linear(p + "gate", E, H, what + ", router"));
   m.experts.resize(static_cast<size_t>(E));
   const std::string fused_gu = p + "experts.gate_up_proj", fused_d = p + "experts.down_proj";
   if (b.has(fused_gu) || b.has(fused_d)) {
     // Fused layout: gate_up_proj [E, 2I, H] with rows [gate I | up I], down_proj [E, H, I].
+    for (const std::string& n : {fused_gu, fused_d}) {
+      const io::Tensor* t = ck.find(n);
+      if (t && !is_float_weight(t->dtype))
+        return core::Error{
+            *t->file + ": tensor '" + n + "' is " + std::string(core::dtype_name(t->dtype)) +
+            ": quantized fused experts are not supported (quantized experts load as per-expert "
+            "tensors, experts.E.{gate,up,down}_proj)"};
+    }
     DF_ASSIGN(const io::Tensor* gu, b.find(fused_gu, {E, 2 * I, H}, what + ", fused experts"));
     DF_ASSIGN(const io::Tensor* dn, b.find(fused_d, {E, H, I}, what + ", fused experts"));
     b.count(*gu);
@@ -121,11 +300,9 @@ core::Status bind_moe(Binder& b, const io::Checkpoint& ck, const TextConfig& c, 
       DF_TRY(bind_mlp(b, p + "experts." + std::to_string(e) + ".", H, I, m.experts[e],
                       what + ", expert " + std::to_string(e)));
   }
-  (void)ck;
   DF_TRY(bind_mlp(b, p + "shared_expert.", H, c.shared_expert_intermediate_size, m.shared_expert,
                   what + ", shared expert"));
-  DF_ASSIGN(m.shared_expert_gate,
-            b.mat(p + "shared_expert_gate.weight", {1, H}, what + ", shared expert gate"));
+  DF_ASSIGN(m.shared_expert_gate, b.linear(p + "shared_expert_gate", 1, H, what + ", shared expert gate"));
   return core::Status();
 }
 
@@ -160,17 +337,17 @@ core::Status bind_linear_attention(Binder& b, const io::Checkpoint& ck, const Te
     g.in_proj_b = owned_mat(w, std::move(bb), ba->dtype, nv, H);
     g.in_proj_a = owned_mat(w, std::move(aa), ba->dtype, nv, H);
   } else {
-    DF_ASSIGN(g.in_proj_qkv, b.mat(p + "in_proj_qkv.weight", {conv_dim, H}, what));
-    DF_ASSIGN(g.in_proj_z, b.mat(p + "in_proj_z.weight", {vdim, H}, what));
-    DF_ASSIGN(g.in_proj_b, b.mat(p + "in_proj_b.weight", {nv, H}, what));
-    DF_ASSIGN(g.in_proj_a, b.mat(p + "in_proj_a.weight", {nv, H}, what));
+    DF_ASSIGN(g.in_proj_qkv, b.linear(p + "in_proj_qkv", conv_dim, H, what));
+    DF_ASSIGN(g.in_proj_z, b.linear(p + "in_proj_z", vdim, H, what));
+    DF_ASSIGN(g.in_proj_b, b.linear(p + "in_proj_b", nv, H, what));
+    DF_ASSIGN(g.in_proj_a, b.linear(p + "in_proj_a", nv, H, what));
   }
   (void)ck;
   DF_ASSIGN(g.conv1d, b.mat(p + "conv1d.weight", {conv_dim, 1, K}, what));
   DF_ASSIGN(g.dt_bias, b.mat(p + "dt_bias", {nv}, what));
   DF_ASSIGN(g.A_log, b.mat(p + "A_log", {nv}, what));
   DF_ASSIGN(g.norm, b.mat(p + "norm.weight", {dv}, what));
-  DF_ASSIGN(g.out_proj, b.mat(p + "out_proj.weight", {H, vdim}, what));
+  DF_ASSIGN(g.out_proj, b.linear(p + "out_proj", H, vdim, what));
   return core::Status();
 }
 
@@ -178,20 +355,33 @@ core::Status bind_full_attention(Binder& b, const TextConfig& c, const std::stri
                                  FullAttentionWeights& a, const std::string& what) {
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t q_rows = nh * hd * (c.attn_output_gate ? 2 : 1);
-  DF_ASSIGN(a.q_proj, b.mat(p + "q_proj.weight", {q_rows, H}, what));
-  DF_ASSIGN(a.k_proj, b.mat(p + "k_proj.weight", {nkv * hd, H}, what));
-  DF_ASSIGN(a.v_proj, b.mat(p + "v_proj.weight", {nkv * hd, H}, what));
-  DF_ASSIGN(a.o_proj, b.mat(p + "o_proj.weight", {H, nh * hd}, what));
+  DF_ASSIGN(a.q_proj, b.linear(p + "q_proj", q_rows, H, what));
+  DF_ASSIGN(a.k_proj, b.linear(p + "k_proj", nkv * hd, H, what));
+  DF_ASSIGN(a.v_proj, b.linear(p + "v_proj", nkv * hd, H, what));
+  DF_ASSIGN(a.o_proj, b.linear(p + "o_proj", H, nh * hd, what));
   DF_ASSIGN(a.q_norm, b.mat(p + "q_norm.weight", {hd}, what));
   DF_ASSIGN(a.k_norm, b.mat(p + "k_norm.weight", {hd}, what));
   return core::Status();
+}
+
+// FP8 KV-cache scales of a full-attention layer: ModelOpt writes self_attn.{k,v}_proj.{k,v}_scale,
+// compressed-tensors self_attn.{k,v}_scale. Recognised and kept aside: the KV cache runs in bf16/fp32 for
+// now.
+bool is_kv_scale(const std::string& name, const std::string& pre) {
+  if (name.rfind(pre + "layers.", 0) != 0) return false;
+  for (const char* tail : {".self_attn.k_proj.k_scale", ".self_attn.v_proj.v_scale", ".self_attn.k_scale",
+                           ".self_attn.v_scale"}) {
+    const size_t n = std::strlen(tail);
+    if (name.size() > n && name.compare(name.size() - n, n, tail) == 0) return true;
+  }
+  return false;
 }
 
 }  // namespace
 
 core::Expected<ModelWeights> bind_weights(const TextConfig& c, const io::Checkpoint& ck) {
   ModelWeights w;
-  Binder b(ck, w);
+  Binder b(ck, c.quant, w);
   const int64_t H = c.hidden_size, V = c.vocab_size;
 
   static const char* kPrefixes[] = {"model.language_model.", "model.", "language_model.model."};
@@ -233,19 +423,21 @@ core::Expected<ModelWeights> bind_weights(const TextConfig& c, const io::Checkpo
 
   // lm_head sits beside the text model: `lm_head.weight` (or `language_model.lm_head.weight` for the old
   // layout).
-  const std::string lm_name =
-      pre == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
+  const std::string lm_module = pre == "language_model.model." ? "language_model.lm_head" : "lm_head";
+  const std::string lm_name = lm_module + ".weight";
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
     if (b.has(lm_name)) b.mark_used(lm_name);  // a saved copy of the tied matrix; transformers re-ties it
   } else {
-    DF_ASSIGN(w.lm_head, b.mat(lm_name, {V, H}, "lm_head (tie_word_embeddings is false)"));
+    DF_ASSIGN(w.lm_head, b.linear(lm_module, V, H, "lm_head (tie_word_embeddings is false)"));
   }
 
   for (const auto& t : ck.tensors()) {
     if (b.is_used(t.name)) continue;
     if (t.name.rfind("mtp.", 0) == 0) {
       w.mtp_tensors.push_back(t.name);
+    } else if (is_kv_scale(t.name, pre)) {
+      w.kv_scale_tensors.push_back(t.name);
     } else if (t.name.rfind("model.visual.", 0) == 0 || t.name.rfind("visual.", 0) == 0) {
       w.visual_tensors.push_back(t.name);
     } else {

@@ -12,19 +12,46 @@
 #include "core/status.hpp"
 #include "io/safetensors.hpp"
 #include "model/config.hpp"
+#include "model/quant/format.hpp"
 
 namespace deltaflow::model {
 
-// A row-major matrix [rows, cols] of bf16, f16 or f32 elements. A vector is a matrix with one row.
+// A row-major matrix [rows, cols] (the logical, dequantized shape). A vector is a matrix with one row.
+// Float weights (format kFloat): `dtype` is the element type, bf16, f16 or f32. Quantized weights: `dtype` is
+// the stored element type (U8 for packed E2M1 pairs, F8_E4M3 for FP8), `scale` the block / row / tensor
+// scales and `global_scale` the second-level scale (quant/format.hpp); the value of element (n, k) is defined
+// by quant::dequantize_row (quant/dequant.hpp). `input_scale` is a static activation scale (a multiplier)
+// when the checkpoint stores one, else 0.
 struct Mat {
+  Mat() = default;
+  // A float matrix (the common case; quantized matrices are filled field by field by the binder).
+  Mat(const void* d, core::DType t, int64_t r, int64_t c) : data(d), dtype(t), rows(r), cols(c) {}
+
   const void* data = nullptr;
   core::DType dtype = core::DType::kF32;
   int64_t rows = 0, cols = 0;
-  size_t row_bytes() const { return static_cast<size_t>(cols) * core::dtype_size(dtype); }
+  quant::WeightFormat format = quant::WeightFormat::kFloat;
+  quant::ScaleView scale;
+  float global_scale = 1.0f;
+  quant::GlobalOp global_op = quant::GlobalOp::kMultiply;
+  float input_scale = 0.0f;
+  const std::string* name = nullptr;  // the checkpoint tensor it came from (nullptr if repacked)
+
+  bool quantized() const { return format != quant::WeightFormat::kFloat; }
+  // Stored bytes of one row (E2M1: two elements a byte).
+  size_t row_bytes() const {
+    return format == quant::WeightFormat::kNvfp4 ? static_cast<size_t>(cols) / 2
+                                                 : static_cast<size_t>(cols) * core::dtype_size(dtype);
+  }
   const void* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
   }
   int64_t numel() const { return rows * cols; }
+  // Bytes read to use the whole matrix once: elements plus scales.
+  size_t stored_bytes() const {
+    return static_cast<size_t>(rows) * row_bytes() +
+           (scale.empty() ? 0 : static_cast<size_t>(scale.rows * scale.cols) * core::dtype_size(scale.dtype));
+  }
 };
 
 struct GatedDeltaNetWeights {
@@ -79,8 +106,9 @@ struct ModelWeights {
   Mat lm_head;  // [vocab, hidden]; = embed_tokens when tied
   std::string
       prefix;  // the text-model prefix found in the checkpoint ("model.language_model.", "model.", ...)
-  std::vector<std::string> mtp_tensors;                      // recognised, kept for speculative decoding
-  std::vector<std::string> visual_tensors;                   // recognised, kept for the vision encoder
+  std::vector<std::string> mtp_tensors;       // recognised, kept for speculative decoding
+  std::vector<std::string> visual_tensors;    // recognised, kept for the vision encoder
+  std::vector<std::string> kv_scale_tensors;  // FP8 KV-cache scales, recognised (the cache is not FP8 yet)
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;  // repacked tensors
   uint64_t bytes = 0;                                        // bytes of the tensors bound for the text model
   int64_t parameter_count = 0;  // elements bound for the text model (tied lm_head counted once)

@@ -9,7 +9,7 @@ import pytest
 from conftest import BIN, run
 
 SRC = os.path.join(os.path.dirname(__file__), "../../src/cli")
-COMMANDS = ("batch", "bench", "chat", "eval", "generate", "inspect", "make-tiny", "serve", "tokenize")
+COMMANDS = ("batch", "bench", "chat", "eval", "generate", "inspect", "make-tiny", "quantize", "serve", "tokenize")
 
 
 def engine_flags():

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/threads.hpp"
+#include "model/quant/dequant.hpp"
 
 namespace deltaflow::backend::cpu {
 namespace {
@@ -23,6 +24,10 @@ float dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void load_row(const Mat& W, int64_t r, float* out) {
+  if (W.quantized()) {
+    model::quant::dequantize_row(W, r, out);  // exact fp32, weight-only (docs/quantization.md)
+    return;
+  }
   const void* row = W.row(r);
   switch (W.dtype) {
     case core::DType::kF32:

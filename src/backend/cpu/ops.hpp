@@ -1,5 +1,7 @@
 // The CPU reference ops: plain loops over fp32 activations with fp32 accumulation, weights read as
-// bf16/f16/f32. Row-major everywhere: an activation block is [T, n] with T tokens.
+// bf16/f16/f32 or dequantized exactly to fp32 from NVFP4 / FP8 (model/quant/dequant.hpp; weight-only: the
+// activations stay fp32 whatever the checkpoint's activation scheme). Row-major everywhere: an activation
+// block is [T, n] with T tokens.
 #pragma once
 
 #include <cmath>
@@ -15,7 +17,7 @@ using model::Mat;
 // y[T, W.rows] = x[T, W.cols] @ W^T. Threads split the output columns (each weight row is read once).
 void linear(const float* x, int64_t T, const Mat& W, float* y);
 
-// Row r of W as fp32.
+// Row r of W as fp32 (quantized formats dequantized exactly).
 void load_row(const Mat& W, int64_t r, float* out);
 // All of a [1, n] or [rows, cols] weight as fp32.
 std::vector<float> load_all(const Mat& W);

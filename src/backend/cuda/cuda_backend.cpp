@@ -25,6 +25,7 @@
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
+#include "model/weight_summary.hpp"
 #include "model/weights.hpp"
 
 namespace deltaflow::backend::cuda {
@@ -92,6 +93,9 @@ class Layout {
     int64_t total = 0;
     m.dtype = parts[0]->dtype;
     for (const auto* p : parts) {
+      if (p->quantized())
+        return core::Error{"tensor '" + (p->name ? *p->name : what) + "' is " + model::describe_format(*p) +
+                           ": the CUDA backend has no quantized kernels yet (the CPU backend runs it)"};
       if (p->cols != cols) return core::Error{what + ": expected " + std::to_string(cols) + " columns"};
       if (p->dtype != m.dtype)
         return core::Error{what + ": the tensors of one projection group have different dtypes"};

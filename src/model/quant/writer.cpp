@@ -1,0 +1,210 @@
+#include "model/quant/writer.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "model/quant/quantize.hpp"
+
+namespace deltaflow::model::quant {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct Member {
+  std::string module;  // output module name (checkpoint prefix + role)
+  const Mat* mat;
+};
+using Group = std::vector<Member>;  // quantized with one shared amax (ModelOpt's fused export)
+
+std::vector<float> dequant_all(const Mat& m) {
+  std::vector<float> out(static_cast<size_t>(m.numel()));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const void* row = m.row(r);
+    for (int64_t k = 0; k < m.cols; ++k)
+      out[static_cast<size_t>(r * m.cols + k)] = core::load_as_f32(row, m.dtype, static_cast<size_t>(k));
+  }
+  return out;
+}
+
+void mlp_groups(const std::string& p, const MlpWeights& m, std::vector<Group>& g) {
+  g.push_back({{p + "gate_proj", &m.gate_proj}, {p + "up_proj", &m.up_proj}});
+  g.push_back({{p + "down_proj", &m.down_proj}});
+}
+
+std::vector<uint8_t> bytes_of(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return std::vector<uint8_t>(b, b + n);
+}
+
+}  // namespace
+
+core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, const ModelWeights& w,
+                                                        const io::Checkpoint& ck, const std::string& format,
+                                                        const std::function<void(size_t, size_t)>& progress) {
+  if (format != "nvfp4" && format != "fp8-block")
+    return core::Error{"format '" + format +
+                       "' is not supported (supported: nvfp4, fp8-block; nvfp4-mixed is not written yet)"};
+  if (c.quant.quantized())
+    return core::Error{ck.dir() + ": already quantized (" + c.quant.summary +
+                       "); quantize a float checkpoint"};
+  if (c.architecture == Architecture::kQwen3Next)
+    return core::Error{"qwen3_next checkpoints (grouped in_proj_qkvz) are not supported"};
+  const std::string& pre = w.prefix;
+  std::vector<Group> groups;
+  std::set<std::string> consumed;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& L = w.layers[i];
+    const std::string lp = pre + "layers." + std::to_string(i) + ".";
+    if (L.type == LayerType::kFullAttention) {
+      const std::string a = lp + "self_attn.";
+      groups.push_back(
+          {{a + "q_proj", &L.attn.q_proj}, {a + "k_proj", &L.attn.k_proj}, {a + "v_proj", &L.attn.v_proj}});
+      groups.push_back({{a + "o_proj", &L.attn.o_proj}});
+    } else {
+      const std::string a = lp + "linear_attn.";
+      groups.push_back({{a + "in_proj_qkv", &L.linear.in_proj_qkv}, {a + "in_proj_z", &L.linear.in_proj_z}});
+      groups.push_back({{a + "out_proj", &L.linear.out_proj}});
+    }
+    if (L.is_moe) {
+      for (size_t e = 0; e < L.moe.experts.size(); ++e)
+        mlp_groups(lp + "mlp.experts." + std::to_string(e) + ".", L.moe.experts[e], groups);
+      mlp_groups(lp + "mlp.shared_expert.", L.moe.shared_expert, groups);
+      consumed.insert(lp + "mlp.experts.gate_up_proj");  // fused experts: written per expert
+      consumed.insert(lp + "mlp.experts.down_proj");
+    } else {
+      mlp_groups(lp + "mlp.", L.mlp, groups);
+    }
+  }
+  size_t total = 0, done = 0;
+  for (const auto& g : groups) total += g.size();
+
+  QuantizedCheckpoint out;
+  for (const auto& g : groups) {
+    std::vector<std::vector<float>> vals;
+    float amax = 0;
+    for (const auto& m : g) {
+      if (m.mat->quantized()) return core::Error{"tensor '" + m.module + "' is already quantized"};
+      vals.push_back(dequant_all(*m.mat));
+      amax = std::max(amax, abs_max(vals.back().data(), vals.back().size()));
+      if (m.mat->name) consumed.insert(*m.mat->name);
+    }
+    for (size_t j = 0; j < g.size(); ++j) {
+      const Mat& m = *g[j].mat;
+      const int64_t N = m.rows, K = m.cols;
+      const std::string& mod = g[j].module;
+      if (format == "nvfp4") {
+        if (K % kNvfp4Group != 0)
+          return core::Error{"tensor '" + mod + ".weight' has " + std::to_string(K) +
+                             " columns, NVFP4 needs a multiple of 16"};
+        Nvfp4Weight q = quantize_nvfp4_modelopt(vals[j].data(), N, K, amax);
+        out.tensors.push_back({mod + ".weight", core::DType::kU8, {N, K / 2}, std::move(q.packed)});
+        out.tensors.push_back(
+            {mod + ".weight_scale", core::DType::kF8E4M3, {N, K / kNvfp4Group}, std::move(q.scale)});
+        out.tensors.push_back({mod + ".weight_scale_2", core::DType::kF32, {}, bytes_of(&q.scale_2, 4)});
+      } else {
+        Fp8BlockWeight q = quantize_fp8_block(vals[j].data(), N, K);
+        const int64_t bn = (N + kFp8Block - 1) / kFp8Block, bk = (K + kFp8Block - 1) / kFp8Block;
+        out.tensors.push_back({mod + ".weight", core::DType::kF8E4M3, {N, K}, std::move(q.w)});
+        out.tensors.push_back({mod + ".weight_scale_inv",
+                               core::DType::kBF16,
+                               {bn, bk},
+                               bytes_of(q.scale.data(), q.scale.size() * 2)});
+      }
+      if (progress) progress(++done, total);
+    }
+  }
+  for (const auto& t : ck.tensors()) {
+    if (consumed.count(t.name)) continue;
+    out.tensors.push_back({t.name, t.dtype, t.shape, bytes_of(t.data, t.nbytes)});
+  }
+
+  // ModelOpt's default exclusions that this model has (its export lists them by name).
+  ordered_json ignore = ordered_json::array();
+  ignore.push_back(pre == "language_model.model." ? "language_model.lm_head" : "lm_head");
+  ignore.push_back(pre + "embed_tokens");
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const std::string lp = pre + "layers." + std::to_string(i) + ".";
+    if (w.layers[i].type == LayerType::kLinearAttention)
+      for (const char* m : {"linear_attn.conv1d", "linear_attn.in_proj_a", "linear_attn.in_proj_b"})
+        ignore.push_back(lp + m);
+    if (w.layers[i].is_moe)
+      for (const char* m : {"mlp.gate", "mlp.shared_expert_gate"}) ignore.push_back(lp + m);
+  }
+  ignore.push_back("mtp*");
+  if (format == "nvfp4") {
+    const ordered_json producer = {{"name", "modelopt"}, {"version", "0.47.0"}};
+    ordered_json hq = {{"producer", producer},
+                       {"quantization",
+                        {{"quant_algo", "W4A16_NVFP4"},
+                         {"kv_cache_quant_algo", nullptr},
+                         {"group_size", 16},
+                         {"exclude_modules", ignore}}},
+                       {"quantized_by", "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical)"}};
+    out.hf_quant_config = hq.dump(4);
+    ordered_json qc = {
+        {"config_groups",
+         {{"group_0",
+           {{"weights", {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}}},
+            {"targets", {"Linear"}}}}}},
+        {"ignore", ignore},
+        {"quant_algo", "W4A16_NVFP4"},
+        {"producer", producer},
+        {"quant_method", "modelopt"}};
+    out.quantization_config = qc.dump();
+  } else {
+    ordered_json keep = ordered_json::array();
+    for (const char* m : {"lm_head", "embed_tokens", "linear_attn.conv1d", "linear_attn.in_proj_a",
+                          "linear_attn.in_proj_b", "mlp.gate", "shared_expert_gate", "mtp"})
+      keep.push_back(m);
+    ordered_json qc = {{"quant_method", "fp8"},
+                       {"fmt", "e4m3"},
+                       {"activation_scheme", "dynamic"},
+                       {"weight_block_size", {kFp8Block, kFp8Block}},
+                       {"modules_to_not_convert", keep}};
+    out.quantization_config = qc.dump();
+  }
+  return out;
+}
+
+core::Status write_quantized_checkpoint(const std::string& model_dir, const std::string& out_dir,
+                                        const std::string& format,
+                                        const std::function<void(size_t, size_t)>& progress) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec))
+    return core::Error{out_dir + ": exists and is not empty"};
+  DF_ASSIGN(TextConfig c, load_text_config(model_dir));
+  DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(model_dir));
+  DF_ASSIGN(ModelWeights w, bind_weights(c, ck));
+  DF_ASSIGN(QuantizedCheckpoint q, quantize_checkpoint(c, w, ck, format, progress));
+  fs::create_directories(out_dir, ec);
+  if (ec) return core::Error{out_dir + ": cannot create: " + ec.message()};
+  DF_TRY(io::write_safetensors(out_dir + "/model.safetensors", q.tensors, {{"format", "pt"}}));
+  // config.json with quantization_config; key order and the rest kept.
+  std::ifstream in(model_dir + "/config.json", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ordered_json cfg = ordered_json::parse(ss.str(), nullptr, false);
+  if (cfg.is_discarded() || !cfg.is_object())
+    return core::Error{model_dir + "/config.json: not a JSON object"};
+  cfg["quantization_config"] = ordered_json::parse(q.quantization_config);
+  std::ofstream(out_dir + "/config.json") << cfg.dump(2) << "\n";
+  if (!q.hf_quant_config.empty())
+    std::ofstream(out_dir + "/hf_quant_config.json") << q.hf_quant_config << "\n";
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == "config.json" || name == "hf_quant_config.json" ||
+        name == "model.safetensors.index.json" || e.path().extension() == ".safetensors")
+      continue;
+    fs::copy_file(e.path(), fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return core::Error{out_dir + "/" + name + ": cannot copy: " + ec.message()};
+  }
+  if (ec) return core::Error{model_dir + ": cannot list: " + ec.message()};
+  return core::Status();
+}
+
+}  // namespace deltaflow::model::quant

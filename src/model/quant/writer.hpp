@@ -1,0 +1,38 @@
+// `deltaflow quantize`: a float checkpoint -> the published layout of a quantized one.
+//   nvfp4:     ModelOpt W4A16_NVFP4 (hf_quant_config.json + quantization_config quant_method modelopt); the
+//              weight tensors bit-identical to ModelOpt 0.47's export for the same BF16 input, fused groups
+//              (q/k/v, in_proj_qkv/in_proj_z, gate/up) sharing one amax as its export does.
+//   fp8-block: Qwen's FP8 layout (quant_method fp8, 128x128 weight_scale_inv in BF16).
+// Both keep ModelOpt's default exclusions in bf16: embeddings, lm_head, in_proj_a/b, the router and the
+// shared-expert gate, norms, conv taps, mtp.* and the vision tower.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.hpp"
+#include "io/safetensors.hpp"
+#include "model/weights.hpp"
+
+namespace deltaflow::model::quant {
+
+struct QuantizedCheckpoint {
+  std::vector<io::TensorToWrite> tensors;
+  std::string quantization_config;  // JSON object for config.json
+  std::string hf_quant_config;      // JSON text of hf_quant_config.json, empty when the format has none
+};
+
+// `progress(done, total)` is called after each quantized matrix.
+core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, const ModelWeights& w,
+                                                        const io::Checkpoint& ck, const std::string& format,
+                                                        const std::function<void(size_t, size_t)>& progress);
+
+// Reads the float checkpoint MODEL_DIR and writes OUT_DIR: model.safetensors, config.json with its
+// quantization_config, hf_quant_config.json (nvfp4), and every other file of MODEL_DIR (tokenizer, chat
+// template, generation config) copied. OUT_DIR must not exist or be empty.
+core::Status write_quantized_checkpoint(const std::string& model_dir, const std::string& out_dir,
+                                        const std::string& format,
+                                        const std::function<void(size_t, size_t)>& progress);
+
+}  // namespace deltaflow::model::quant
