@@ -131,7 +131,8 @@ void Scheduler::serve_one(GenerationRequest& r) {
 
   const size_t V = static_cast<size_t>(vocab);
   // Sampling runs on the backend when it can and the request reads no logits (logprobs).
-  TokenPicker picker(backend_, r.sampling, /*need_logits=*/r.logprobs);
+  // [structured outputs] a constraint masks the host row: sample on the host (lead: port to the new step).
+  TokenPicker picker(backend_, r.sampling, /*need_logits=*/r.logprobs || r.constraint != nullptr);
   picker.add_prompt(r.prompt);
   if (auto s = picker.start(std::span<const float>(logits.data(), V)); !s) return fail(s.message());
   std::deque<int32_t> forced(r.forced_ids.begin(), r.forced_ids.end());
@@ -139,6 +140,8 @@ void Scheduler::serve_one(GenerationRequest& r) {
   bool closing = false;  // the forced close of the thought is under way
   int thought_tokens = 0;
   int64_t generated = 0;
+  std::vector<uint32_t> constraint_mask;  // [structured outputs]
+  std::vector<float> masked;
 
   for (;;) {
     if (r.channel->cancelled(r.choice) || stop_now_.load(std::memory_order_relaxed)) {
@@ -158,9 +161,22 @@ void Scheduler::serve_one(GenerationRequest& r) {
     if (!forced.empty()) {
       id = forced.front();
       forced.pop_front();
+    } else if (r.constraint) {
+      // [structured outputs] mask, then sample from the masked copy; no allowed id: the output is complete.
+      constraint_mask.resize(TokenConstraint::mask_words(V));
+      r.constraint->fill_mask(constraint_mask);
+      if (std::none_of(constraint_mask.begin(), constraint_mask.end(), [](uint32_t w) { return w != 0; })) {
+        done.finish = FinishReason::kStop;
+        break;
+      }
+      masked.assign(row.begin(), row.end());
+      TokenConstraint::apply_mask(constraint_mask, masked);
+      id = picker.pick(masked);
     } else {
       id = picker.pick(row);
     }
+    if (r.constraint && !r.constraint->accept(id))
+      return fail("token " + std::to_string(id) + " breaks the grammar");
     picker.accept(id);
     ++generated;
 

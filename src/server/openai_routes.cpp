@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "server/routes.hpp"
+#include "server/structured_output.hpp"
 
 namespace deltaflow::server {
 
@@ -140,6 +141,7 @@ struct ChatPlan {
   bool tools = false;
   std::vector<text::ToolSpec> tool_specs;
   std::string tool_prefix;
+  std::optional<GrammarSpec> grammar;  // tool_choice required / named, else response_format & co.
 };
 
 ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
@@ -187,8 +189,8 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
   std::string text = std::move(*rendered);
   plan.in_reasoning = ends_in_thought(text);
   if (plan.tools && (tc.kind == ToolChoice::kRequired || tc.kind == ToolChoice::kNamed)) {
-    // No constrained decoding yet: the prompt itself opens the call (an empty thought first), and the
-    // parser starts inside it.
+    // The prompt itself opens the call (an empty thought first), the parser starts inside it, and a grammar
+    // makes the rest a call of a declared function with arguments that follow its schema.
     if (plan.in_reasoning) text += "\n</think>\n\n";
     plan.in_reasoning = false;
     if (m.xml_tool_calls()) {
@@ -199,6 +201,10 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServeOptions& opt) {
                          (tc.kind == ToolChoice::kNamed ? tc.name + "\", \"arguments\": " : std::string());
     }
     text += plan.tool_prefix;
+    plan.grammar =
+        tool_call_spec(*tools_json, tc.kind == ToolChoice::kNamed ? tc.name : "", m.xml_tool_calls());
+  } else {
+    plan.grammar = parse_structured_output(body, Api::kChat);
   }
   plan.prompt = m.tokenizer().encode(text);
   return plan;
@@ -214,6 +220,7 @@ void handle_chat(const httplib::Request& req, httplib::Response& res, ServedMode
   const GenParams params = take(
       parse_gen_params(body, Api::kChat, m.defaults(), m.config().vocab_size, ctx.options.enable_test_hooks));
   auto requests = make_requests(m, {plan.prompt}, params, plan.in_reasoning, "messages");
+  if (plan.grammar) attach_constraint(requests, *plan.grammar, m, plan.in_reasoning);
   std::vector<OutputOptions> outs;
   for (size_t i = 0; i < requests.size(); ++i) {
     OutputOptions o;
@@ -387,6 +394,8 @@ void handle_completions(const httplib::Request& req, httplib::Response& res, Ser
   if (static_cast<int>(prompts.size()) * params.n > 16)
     throw bad_field("n", "prompts x n must be at most 16");
   auto requests = make_requests(m, prompts, params, false, "prompt");
+  if (auto spec = parse_structured_output(body, Api::kCompletions))
+    attach_constraint(requests, *spec, m, false);
   std::vector<OutputOptions> outs(requests.size());
   for (auto& o : outs) {
     o.stop = params.stop;

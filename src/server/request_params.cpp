@@ -174,13 +174,7 @@ void parse_openai(const Json& body, Api api, GenParams& p, int64_t vocab, bool h
     throw bad_field("use_beam_search", "beam search is not supported");
   if (const Json* lb = f.get("logit_bias"); lb && !(lb->is_object() && lb->empty()))
     throw bad_field("logit_bias", "'logit_bias' is not supported");
-  if (const Json* rf = f.get("response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw bad_field("response_format", "'response_format' must be an object with a 'type'");
-    if ((*rf)["type"].get<std::string>() != "text")
-      throw bad_field("response_format", "response_format '" + (*rf)["type"].get<std::string>() +
-                                             "' is not supported (constrained decoding is not implemented)");
-  }
+  // response_format and the other structured-output fields: server/structured_output.cpp.
   if (api == Api::kChat)
     if (auto v = f.integer("thinking_token_budget", -1, kMaxTokens); v && *v >= 0)
       p.thinking_budget = static_cast<int>(*v);
