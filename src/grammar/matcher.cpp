@@ -241,16 +241,34 @@ void Matcher::rollback(int n) {
 void Matcher::fill_mask(std::span<uint32_t> words) {
   std::fill(words.begin(), words.end(), 0u);
   const Vocabulary& v = g_->vocab();
-  std::vector<int32_t> one(1), out;
+  const Automaton& a = g_->automaton();
+  if (cfg_.size() < v.max_token_bytes() + 1) cfg_.resize(v.max_token_bytes() + 1);
   for (int32_t s : stacks_) {
     const bool bottom = pool_.parent(s) == StackPool::kBottom;
     const MaskEntry& e = g_->entry(pool_.state(s), bottom);
     const size_t n = std::min(words.size(), e.accepted.size());
     for (size_t i = 0; i < n; ++i) words[i] |= e.accepted[i];
-    one[0] = s;
+    // The uncertain ids come in sorted order: walk them against the real stack, reusing the states of the
+    // prefix each shares with the one before (they mostly start alike: `",`, `"}`, `"]`, ...).
+    cfg_[0] = {s};
+    size_t computed = 0;
+    std::string_view prev;
     for (int32_t id : e.uncertain) {
-      if (static_cast<size_t>(id) / 32 >= words.size() || test_bit(words, id)) continue;
-      if (step(one, v.bytes(id), out)) set_bit(words, id);
+      const std::string_view t = v.bytes(id);
+      size_t l = 0;
+      while (l < prev.size() && l < t.size() && prev[l] == t[l]) ++l;
+      prev = t;
+      computed = std::min(computed, l);
+      size_t d = computed;
+      while (d < t.size() && (d == 0 || !cfg_[d].empty())) {
+        bool escaped = false, ended = false;
+        expand(a, pool_, cfg_[d], scratch_a_, work_, escaped, ended);
+        step_byte(a, pool_, scratch_a_, static_cast<uint8_t>(t[d]), cfg_[d + 1]);
+        ++d;
+      }
+      computed = d;
+      if (d == t.size() && !cfg_[d].empty() && static_cast<size_t>(id) / 32 < words.size())
+        set_bit(words, id);
     }
   }
 }

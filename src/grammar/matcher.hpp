@@ -107,6 +107,7 @@ class Matcher {
   std::vector<int32_t> stacks_;                // current configurations (not yet expanded)
   std::vector<std::vector<int32_t>> history_;  // stacks_ before each accepted token
   std::vector<int32_t> scratch_a_, scratch_b_, work_;
+  std::vector<std::vector<int32_t>> cfg_;  // fill_mask's walk: stacks after each prefix length
 };
 
 }  // namespace deltaflow::grammar

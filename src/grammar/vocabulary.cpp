@@ -42,7 +42,8 @@ std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const text::Tokeniz
   std::vector<std::string> bytes(tok.vocab_size());
   for (size_t id = 0; id < bytes.size(); ++id) {
     const auto i = static_cast<int32_t>(id);
-    if (!tok.has_id(i) || tok.is_added(i) || tok.is_special(i)) continue;
+    // Special tokens (<|im_end|>) never match a grammar; other added tokens (<tool_call>) match their text.
+    if (!tok.has_id(i) || tok.is_special(i)) continue;
     bytes[id] = std::string(tok.token_bytes(i));
   }
   return std::make_shared<const Vocabulary>(bytes, mask_size);

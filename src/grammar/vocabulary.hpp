@@ -18,10 +18,11 @@ namespace deltaflow::grammar {
 
 class Vocabulary {
  public:
-  // token_bytes[id]: what decoding the id contributes; ids with no bytes (added and special tokens) are never
+  // token_bytes[id]: what decoding the id contributes; ids with no bytes (special tokens) are never
   // allowed by a grammar. mask_size: the ids a mask covers (the model's vocabulary, possibly larger).
   Vocabulary(const std::vector<std::string>& token_bytes, size_t mask_size);
-  // Every id of the tokenizer except added / special tokens.
+  // Every id of the tokenizer except special tokens (added ones that are not special, like <tool_call>, count
+  // as their text).
   static std::shared_ptr<const Vocabulary> from_tokenizer(const text::Tokenizer& tok, size_t mask_size);
 
   size_t mask_size() const { return mask_size_; }

@@ -263,9 +263,9 @@ TEST(GrammarMask, SpecialTokensAreNeverAllowed) {
   std::vector<uint32_t> mask(vocab->mask_words());
   m.fill_mask(mask);
   const int32_t im_end = *qwen3().token_to_id("<|im_end|>");
-  const int32_t think = *qwen3().token_to_id("<think>");
+  const int32_t call_end = *qwen3().token_to_id("</tool_call>");  // added, not special: its text
   EXPECT_FALSE((mask[im_end / 32] >> (im_end % 32)) & 1u);
-  EXPECT_FALSE((mask[think / 32] >> (think % 32)) & 1u);
+  EXPECT_TRUE((mask[call_end / 32] >> (call_end % 32)) & 1u);
   const int32_t a = *qwen3().token_to_id("a");
   EXPECT_TRUE((mask[a / 32] >> (a % 32)) & 1u);
 }
