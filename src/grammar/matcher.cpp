@@ -20,9 +20,6 @@ int32_t StackPool::with_state(int32_t s, int32_t state) {
 
 namespace {
 
-inline bool test_bit(std::span<const uint32_t> w, int32_t id) {
-  return (w[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
-}
 inline void set_bit(std::span<uint32_t> w, int32_t id) {
   w[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
 }
