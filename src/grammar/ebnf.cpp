@@ -115,8 +115,11 @@ class EbnfParser {
   }
 
   int32_t quantified(int32_t e) {
-    for (;;) {
+    for (int count = 0;; ++count) {
       if (at_end()) return e;
+      if (count > 0 && (peek() == '*' || peek() == '+' || peek() == '?' || peek() == '{'))
+        fail("a quantifier after a quantifier (group it: (x*)+)");
+      if (count > 0) return e;
       const char c = peek();
       if (c == '*') {
         ++pos_;

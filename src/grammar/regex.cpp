@@ -70,7 +70,7 @@ class RegexParser {
   }
 
   int32_t quantified(int32_t e) {
-    while (!at_end()) {
+    if (!at_end()) {
       const uint32_t c = peek();
       int lo, hi;
       if (c == '*') {
@@ -98,6 +98,12 @@ class RegexParser {
       }
       if (!at_end() && (peek() == '?' || peek() == '+')) ++pos_;  // lazy / possessive: same language
       e = g_.repeat(e, lo, hi);
+      // A second quantifier is an error (Python: "multiple repeat"); nesting them only costs states.
+      if (!at_end() &&
+          (peek() == '*' || peek() == '+' || peek() == '?' ||
+           (peek() == '{' && pos_ + 1 < cps_.size() && cps_[pos_ + 1] >= '0' && cps_[pos_ + 1] <= '9')))
+        fail("a quantifier after a quantifier");
+      return e;
     }
     return e;
   }

@@ -66,7 +66,8 @@ TEST(GrammarRegex, AcceptsAndRejects) {
 }
 
 TEST(GrammarRegex, RefusesWhatItCannotMatch) {
-  for (const char* bad : {"(a", "a)", "[a-", "a{3,1}", R"(\1)", "(?=a)", R"(\bword)", "*a", "a{99999}"})
+  for (const char* bad :
+       {"(a", "a)", "[a-", "a{3,1}", R"(\1)", "(?=a)", R"(\bword)", "*a", "a{99999}", "a+++", "a*{2}"})
     EXPECT_THROW(grammar_from_regex(bad), GrammarError) << bad;
 }
 
