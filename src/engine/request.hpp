@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/constraint.hpp"
 #include "engine/sampler.hpp"
 
 namespace deltaflow::engine {
@@ -58,6 +59,8 @@ struct GenerationRequest {
       forced_ids;  // test hook: emitted in order instead of sampled ones, then sampling goes on
   std::shared_ptr<ResponseChannel> channel;
   int choice = 0;  // index of this request's choice in the channel
+  // Structured output: masks each step (null: none).
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct SampledToken {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <exception>
 
+#include "backend/host_sampling.hpp"
+#include "engine/constraint.hpp"
 #include "engine/sampling_state.hpp"
 
 namespace deltaflow::engine {
@@ -25,6 +27,8 @@ struct Scheduler::Sequence {
   uint64_t order = 0;  // arrival
   bool done = false;   // finished this step (removed from running_ at its end)
   std::vector<double> prompt_lp;
+  std::vector<uint32_t> mask;  // structured outputs: the constraint's allowed ids
+  std::vector<float> masked;
   std::vector<std::vector<TokenLogprob>> prompt_top;
   std::vector<int64_t> prompt_ranks;
   // This step.
@@ -379,6 +383,30 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
   if (!s.forced.empty()) {
     id = s.forced.front();
     s.forced.pop_front();
+  } else if (r.constraint) {
+    // Structured outputs: the grammar's mask on the host row, then the reference draw from the masked copy.
+    // No allowed id: the output is complete.
+    const size_t V = static_cast<size_t>(backend_.config().vocab_size);
+    s.mask.resize(TokenConstraint::mask_words(V));
+    r.constraint->fill_mask(s.mask);
+    if (!row || std::none_of(s.mask.begin(), s.mask.end(), [](uint32_t w) { return w != 0; })) {
+      Event e = final_event(r.choice, FinishReason::kStop);
+      e.prompt_tokens = s.prompt_len;
+      e.cached_tokens = s.cached;
+      e.completion_tokens = s.generated;
+      r.channel->push(std::move(e));
+      release(s, /*to_cache=*/true);
+      s.done = true;
+      return;
+    }
+    s.masked.assign(row, row + V);
+    TokenConstraint::apply_mask(s.mask, s.masked);
+    id = backend::sample_row(s.masked, s.sampling.spec(), work_);
+  }
+  if (r.constraint && !r.constraint->accept(id)) {
+    finish(s, FinishReason::kError, "token " + std::to_string(id) + " breaks the grammar");
+    s.done = true;
+    return;
   }
   s.sampling.accept(id);
   ++s.generated;
@@ -522,10 +550,12 @@ bool Scheduler::step_once() {
     const int64_t end = s->computed + s->chunk;
     const bool last = end == static_cast<int64_t>(s->tokens.size());
     const bool in_prompt = s->computed < s->prompt_len;
-    run.logits = s->req.prompt_logprobs && in_prompt ? backend::RunLogits::kAll
-                 : last && s->req.logprobs           ? backend::RunLogits::kLast
-                                                     : backend::RunLogits::kNone;
-    run.sample = last && s->req.max_tokens > 0 ? &s->sampling.spec() : nullptr;
+    // A constrained sequence (structured outputs) draws on the host from the masked row.
+    const bool constrained = s->req.constraint != nullptr;
+    run.logits = s->req.prompt_logprobs && in_prompt        ? backend::RunLogits::kAll
+                 : last && (s->req.logprobs || constrained) ? backend::RunLogits::kLast
+                                                            : backend::RunLogits::kNone;
+    run.sample = last && s->req.max_tokens > 0 && !constrained ? &s->sampling.spec() : nullptr;
     tokens.insert(tokens.end(), s->tokens.begin() + s->computed, s->tokens.begin() + end);
     // Prefix checkpoints inside this chunk: the end of each rendered message, the prompt's last token but one
     // (a later identical prompt recomputes only its last token), and the chunk's end inside a prompt.

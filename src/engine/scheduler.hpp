@@ -114,6 +114,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order; preempted ones go back to the front
   uint64_t next_order_ = 0;
+  std::vector<float> work_;  // host sampling scratch
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "server/routes.hpp"
+#include "server/structured_output.hpp"
 
 namespace deltaflow::server {
 
@@ -69,9 +70,6 @@ bool stream_flag(const Json& body) {
 }
 
 void refuse_unsupported(const Json& body) {
-  if (auto it = body.find("format");
-      it != body.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
-    throw bad_field("format", "'format' (constrained JSON output) is not supported");
   if (auto it = body.find("images"); it != body.end() && it->is_array() && !it->empty())
     throw bad_field("images", "image input is not supported");
   if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty())
@@ -136,6 +134,8 @@ void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m,
   const bool in_reasoning = ends_in_thought(prompt_text);
   const std::vector<int32_t> ids = m.tokenizer().encode(prompt_text);
   auto requests = make_requests(m, {ids}, params, in_reasoning, chat ? "messages" : "prompt");
+  if (auto spec = parse_structured_output(body, Api::kOllama))
+    attach_constraint(requests, *spec, m, in_reasoning);
   OutputOptions o;
   o.reasoning = true;
   o.in_reasoning = in_reasoning;

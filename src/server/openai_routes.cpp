@@ -4,6 +4,8 @@
 
 #include "server/openai_call.hpp"
 #include "server/prompt_scoring.hpp"
+#include "server/routes.hpp"
+#include "server/structured_output.hpp"
 
 namespace deltaflow::server {
 
@@ -137,6 +139,7 @@ struct ChatPlan {
   bool tools = false;
   std::vector<text::ToolSpec> tool_specs;
   std::string tool_prefix;
+  std::optional<GrammarSpec> grammar;  // tool_choice required / named, else response_format & co.
 };
 
 ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
@@ -184,8 +187,8 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
   std::string text = std::move(*rendered);
   plan.in_reasoning = ends_in_thought(text);
   if (plan.tools && (tc.kind == ToolChoice::kRequired || tc.kind == ToolChoice::kNamed)) {
-    // No constrained decoding yet: the prompt itself opens the call (an empty thought first), and the
-    // parser starts inside it.
+    // The prompt itself opens the call (an empty thought first), the parser starts inside it, and a grammar
+    // makes the rest a call of a declared function with arguments that follow its schema.
     if (plan.in_reasoning) text += "\n</think>\n\n";
     plan.in_reasoning = false;
     if (m.xml_tool_calls()) {
@@ -196,6 +199,10 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
                          (tc.kind == ToolChoice::kNamed ? tc.name + "\", \"arguments\": " : std::string());
     }
     text += plan.tool_prefix;
+    plan.grammar =
+        tool_call_spec(*tools_json, tc.kind == ToolChoice::kNamed ? tc.name : "", m.xml_tool_calls());
+  } else {
+    plan.grammar = parse_structured_output(body, Api::kChat);
   }
   plan.prompt = m.tokenizer().encode(text);
   return plan;
@@ -212,6 +219,7 @@ OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
   const GenParams params = take(parse_gen_params(body, Api::kChat, ctx.defaults.generation,
                                                  m.config().vocab_size, ctx.options.enable_test_hooks));
   auto requests = make_requests(m, {plan.prompt}, params, plan.in_reasoning, "messages");
+  if (plan.grammar) attach_constraint(requests, *plan.grammar, m, plan.in_reasoning);
   // vLLM's prompt_logprobs: the rendered prompt scored teacher-forced before generating.
   Json prompt_lp = nullptr;
   if (params.prompt_logprobs) {
@@ -515,6 +523,8 @@ OpenAICall prepare_completions(const Json& body, ServedModel& m, ServerContext& 
   GenParams gen = params;
   gen.n = best_of;
   auto requests = make_requests(m, prompts, gen, false, "prompt");
+  if (auto spec = parse_structured_output(body, Api::kCompletions))
+    attach_constraint(requests, *spec, m, false);
   if (best_of > n)
     for (auto& r : requests) r.logprobs = true;  // the ranking reads every token's logprob
   std::vector<OutputOptions> outs(requests.size());

@@ -204,13 +204,7 @@ void parse_openai(const Json& body, Api api, GenParams& p, int64_t vocab, bool h
       p.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), it.value().get<float>());
     }
   }
-  if (const Json* rf = f.get("response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw bad_field("response_format", "'response_format' must be an object with a 'type'");
-    if ((*rf)["type"].get<std::string>() != "text")
-      throw bad_field("response_format", "response_format '" + (*rf)["type"].get<std::string>() +
-                                             "' is not supported (constrained decoding is not implemented)");
-  }
+  // response_format and the other structured-output fields: server/structured_output.cpp.
   if (api == Api::kChat)
     if (auto v = f.integer("thinking_token_budget", -1, kMaxTokens); v && *v >= 0)
       p.thinking_budget = static_cast<int>(*v);

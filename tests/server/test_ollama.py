@@ -114,5 +114,5 @@ def test_errors(oc):
         oc.chat(model=MODEL, messages=[{"role": "user", "content": "x"}], options={"temperature": "hot"})
     assert e.value.status_code == 400 and "temperature" in str(e.value)
     with pytest.raises(ollama.ResponseError) as e:
-        oc.chat(model=MODEL, messages=[{"role": "user", "content": "x"}], format="json")
+        oc.chat(model=MODEL, messages=[{"role": "user", "content": "x"}], format={"type": "wizard"})
     assert e.value.status_code == 400

@@ -69,7 +69,6 @@ TEST(ServerParams, BadFieldsAreNamed) {
   EXPECT_EQ(bad(Json::parse(R"({"stop_token_ids": [2000]})")), "stop_token_ids");
   EXPECT_EQ(bad(Json::parse(R"({"n": 17})")), "n");
   EXPECT_EQ(bad(Json::parse(R"({"top_logprobs": 3})")), "top_logprobs");
-  EXPECT_EQ(bad(Json::parse(R"({"response_format": {"type": "json_object"}})")), "response_format");
   EXPECT_EQ(bad(Json::parse(R"({"deltaflow_forced_tokens": "x"})")), "deltaflow_forced_tokens");
   EXPECT_EQ(bad(Json::parse(R"({"echo": 1})"), Api::kCompletions), "echo");
   EXPECT_EQ(bad(Json::parse(R"({"suffix": "x"})"), Api::kCompletions), "suffix");
