@@ -358,9 +358,12 @@ bool Scheduler::preempt_youngest(const Sequence* keep) {
   return false;
 }
 
-void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error) {
+void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error,
+                       std::optional<SampledToken> last, int32_t stop_id) {
   Event e = final_event(s.req.choice, why);
   e.error = error;
+  if (last) e.tokens.push_back(std::move(*last));  // the last token rides in the final event
+  e.stop_id = stop_id;
   e.prompt_tokens = s.prompt_len;
   e.cached_tokens = s.cached;
   e.completion_tokens = s.generated;
@@ -369,6 +372,7 @@ void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error) 
   e.prompt_ranks = std::move(s.prompt_ranks);
   if (s.req.channel) s.req.channel->push(std::move(e));
   release(s, why != FinishReason::kError);
+  s.done = true;
 }
 
 // The token after the sequence's last computed one: forced, or drawn. Pushes it, and finishes the sequence
@@ -390,13 +394,7 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
     s.mask.resize(TokenConstraint::mask_words(V));
     r.constraint->fill_mask(s.mask);
     if (!row || std::none_of(s.mask.begin(), s.mask.end(), [](uint32_t w) { return w != 0; })) {
-      Event e = final_event(r.choice, FinishReason::kStop);
-      e.prompt_tokens = s.prompt_len;
-      e.cached_tokens = s.cached;
-      e.completion_tokens = s.generated;
-      r.channel->push(std::move(e));
-      release(s, /*to_cache=*/true);
-      s.done = true;
+      finish(s, FinishReason::kStop);
       return;
     }
     s.masked.assign(row, row + V);
@@ -405,7 +403,6 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
   }
   if (r.constraint && !r.constraint->accept(id)) {
     finish(s, FinishReason::kError, "token " + std::to_string(id) + " breaks the grammar");
-    s.done = true;
     return;
   }
   s.sampling.accept(id);
@@ -427,25 +424,13 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
     ++s.thought_tokens;
   }
   const bool is_stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end();
+  if (is_stop || s.generated >= r.max_tokens) {
+    finish(s, is_stop ? FinishReason::kStop : FinishReason::kLength, {}, std::move(tok), is_stop ? id : -1);
+    return;
+  }
   Event e;
   e.choice = r.choice;
   e.tokens.push_back(std::move(tok));
-  if (is_stop || s.generated >= r.max_tokens) {
-    // The last token rides in the final event.
-    e.finished = true;
-    e.finish = is_stop ? FinishReason::kStop : FinishReason::kLength;
-    e.stop_id = is_stop ? id : -1;
-    e.prompt_tokens = s.prompt_len;
-    e.cached_tokens = s.cached;
-    e.completion_tokens = s.generated;
-    e.prompt_logprobs = std::move(s.prompt_lp);
-    e.prompt_top = std::move(s.prompt_top);
-    e.prompt_ranks = std::move(s.prompt_ranks);
-    r.channel->push(std::move(e));
-    release(s, /*to_cache=*/true);
-    s.done = true;
-    return;
-  }
   r.channel->push(std::move(e));
   s.tokens.push_back(id);
 }
@@ -646,15 +631,7 @@ bool Scheduler::step_once() {
     }
     if (s.computed != static_cast<int64_t>(s.tokens.size())) continue;
     if (s.req.max_tokens == 0) {
-      Event e = final_event(s.req.choice, FinishReason::kLength);
-      e.prompt_tokens = s.prompt_len;
-      e.cached_tokens = s.cached;
-      e.prompt_logprobs = std::move(s.prompt_lp);
-      e.prompt_top = std::move(s.prompt_top);
-      e.prompt_ranks = std::move(s.prompt_ranks);
-      s.req.channel->push(std::move(e));
-      release(s, true);
-      s.done = true;
+      finish(s, FinishReason::kLength);  // scoring only (prompt logprobs)
       continue;
     }
     emit(s, out.sampled[i], last_row);

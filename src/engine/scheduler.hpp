@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -95,7 +96,10 @@ class Scheduler {
   bool reserve_pages(Sequence& s, int64_t end);
   bool preempt_youngest(const Sequence* keep);
   void release(Sequence& s, bool to_cache);
-  void finish(Sequence& s, FinishReason why, const std::string& error = {});
+  // Pushes the final event (with `last` as its last token, if any) and frees the sequence's memory (its
+  // state kept as a prefix-cache checkpoint unless it failed).
+  void finish(Sequence& s, FinishReason why, const std::string& error = {},
+              std::optional<SampledToken> last = std::nullopt, int32_t stop_id = -1);
   void emit(Sequence& s, int32_t id, const float* row);
   std::optional<int32_t> take_slot(const Checkpoint* keep);
   void publish_stats();
