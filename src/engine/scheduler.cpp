@@ -251,6 +251,9 @@ void Scheduler::take_new_requests() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(queue_);
+    // They wait now: counted at once, so that submit() never sees them in neither place (the step publishes
+    // the exact count when it ends).
+    stats_.waiting = static_cast<int64_t>(waiting_.size() + fresh.size());
   }
   for (auto& r : fresh) {
     auto s = std::make_unique<Sequence>();
