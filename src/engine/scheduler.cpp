@@ -524,6 +524,13 @@ bool Scheduler::step_once() {
     return true;
   }
 
+  {
+    // Admissions are known now: the counts submit() reads are right before the step runs.
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.waiting = static_cast<int64_t>(waiting_.size());
+    stats_.running = static_cast<int64_t>(running_.size());
+  }
+
   // The step.
   std::vector<int32_t> tokens;
   std::vector<backend::SeqRun> runs;
