@@ -152,7 +152,8 @@ const std::map<std::string, Help>& table() {
          {"--out DIR", "output directory (required)"}}}},
       {"quantize",
        {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4",
-        "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4), with the\n"
+        "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4), "
+        "with the\n"
         "config and tokenizer files copied; our loader and transformers both read it.",
         {{"--model DIR", "the BF16 / F16 / F32 checkpoint to quantize (required)"},
          {"--out DIR", "output directory (required)"},

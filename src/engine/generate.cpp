@@ -112,8 +112,9 @@ core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>
   return r;
 }
 
-core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s, const std::vector<std::vector<int32_t>>& seqs,
-                                                   int top_k, ScoreError* why) {
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
+                                                   const std::vector<std::vector<int32_t>>& seqs, int top_k,
+                                                   ScoreError* why) {
   std::vector<GenerationRequest> reqs;
   auto ch = std::make_shared<ResponseChannel>();
   for (size_t i = 0; i < seqs.size(); ++i) {

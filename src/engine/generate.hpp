@@ -61,7 +61,8 @@ core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids)
 struct ScoreError {
   bool queue_full = false, stopped = false;
 };
-core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s, const std::vector<std::vector<int32_t>>& seqs,
+core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
+                                                   const std::vector<std::vector<int32_t>>& seqs,
                                                    int top_k = -1, ScoreError* why = nullptr);
 
 }  // namespace deltaflow::engine

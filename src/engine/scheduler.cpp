@@ -149,11 +149,6 @@ size_t Scheduler::waiting() const {
   return queue_.size() + static_cast<size_t>(stats_.waiting);
 }
 
-bool Scheduler::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_.running > 0;
-}
-
 SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   SchedulerStats s = stats_;

@@ -76,10 +76,8 @@ class Scheduler {
   SubmitResult submit(std::vector<GenerationRequest> requests);
 
   size_t waiting() const;
-  bool busy() const;
   SchedulerStats stats() const;
   int64_t max_model_len() const { return max_model_len_; }
-  const backend::Backend& backend() const { return backend_; }
 
   // Finishes the running requests as cancelled, fails the waiting ones, and joins the thread.
   void stop();

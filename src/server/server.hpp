@@ -26,10 +26,10 @@ struct ServeOptions {
   engine::SchedulerOptions engine;
   std::optional<bool> default_enable_thinking;  // none: from the model directory (request_defaults.hpp)
   int64_t default_max_tokens = 0;               // 0: from the model and the backend (request_defaults.hpp)
-  bool enable_test_hooks = false;    // accept "deltaflow_forced_tokens" (tests only)
-  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
-  bool log_requests = true;          // one line per request on stderr
-  std::vector<std::string> allowed_origins;  // CORS (cors.hpp); empty: no cross-origin browser access
+  bool enable_test_hooks = false;               // accept "deltaflow_forced_tokens" (tests only)
+  size_t max_body_bytes = 8u << 20;             // larger bodies get 413
+  bool log_requests = true;                     // one line per request on stderr
+  std::vector<std::string> allowed_origins;     // CORS (cors.hpp); empty: no cross-origin browser access
 };
 
 // Checks the options (a non-loopback host needs a key unless insecure_no_auth), binds, loads the model
