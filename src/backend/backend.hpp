@@ -52,6 +52,9 @@ struct PoolRequest {
   int32_t state_slots = 0;    // conv + Gated DeltaNet states: running sequences and prefix checkpoints
   int64_t max_step_rows = 0;  // tokens one step may carry
   int32_t max_step_seqs = 0;  // sequences one step may carry
+  // Speculative decoding: pages also hold the MTP layer's KV (draft_page_bytes() more each), and each step
+  // keeps its rows' final hidden states for draft().
+  bool draft = false;
 };
 
 // What a backend allocated.
@@ -103,6 +106,27 @@ struct StepOut {
   std::vector<int32_t> sampled;  // one per run: the drawn id, or -1 where the run had no SamplingSpec
 };
 
+// Drafting with the checkpoint's MTP head (qwen35-architecture.md §4) after a step. Row j of the run is row
+// first_row + j of the last step: its final hidden state is paired with the token after it (the step's next
+// row, or next_token after the last row), at position start_pos + j, and the MTP layer's KV for those
+// positions is written to the pages (so a run over rows that were only computed, n_draft 0, keeps the head's
+// cache in step with the sequence). Then n_draft tokens are drafted greedily: the first from the last row,
+// each next one from the head's own output and the token it drafted, at the following positions (the pages
+// must cover start_pos + n_rows + n_draft - 1).
+struct DraftRun {
+  int32_t first_row = 0, n_rows = 0;
+  int64_t start_pos = 0;
+  std::span<const int32_t> kv_pages;
+  int32_t next_token = 0;
+  int32_t n_draft = 0;
+  RunLogits logits = RunLogits::kNone;  // the head's logits of the run's rows (evaluation)
+};
+
+struct DraftOut {
+  std::vector<int32_t> tokens;  // n_draft per run, in run order
+  std::vector<float> logits;    // rows asked for by DraftRun::logits, in run order
+};
+
 struct PageCopy {
   int32_t from = 0, to = 0;
 };
@@ -129,6 +153,16 @@ class Backend {
   // page).
   virtual core::Status copy_state(int32_t from_slot, int32_t to_slot) = 0;
   virtual core::Status copy_pages(std::span<const PageCopy> copies) = 0;
+
+  // Speculative decoding (DraftRun): whether this backend and checkpoint can draft, the bytes the MTP layer's
+  // KV adds to one page, and the draft itself (pools allocated with PoolRequest::draft).
+  virtual bool can_draft() const { return false; }
+  virtual size_t draft_page_bytes() const { return 0; }
+  virtual core::Status draft(std::span<const DraftRun> runs, DraftOut& out) {
+    (void)runs;
+    out = {};
+    return core::Error{std::string(name()) + " backend: drafting with the MTP head is not supported"};
+  }
 };
 
 }  // namespace deltaflow::backend

@@ -292,6 +292,21 @@ int cmd_bench_serving(const Argv& argv) {
   const auto st = (*sched)->stats();
   out["preemptions"] = st.preemptions;
   out["prefix_hit_tokens"] = st.prefix_hit_tokens;
+  // Speculative decoding: drafts verified and accepted at each draft position; a verification step emits
+  // 1 + its accepted drafts.
+  int64_t verify_steps = 0, accepted = 0, drafted = 0;
+  for (size_t k = 0; k < st.drafted_at.size(); ++k) {
+    drafted += st.drafted_at[k];
+    accepted += st.accepted_at[k];
+  }
+  if (!st.drafted_at.empty()) verify_steps = st.drafted_at[0];
+  if (verify_steps > 0)
+    out["speculative"] = {
+        {"drafted", drafted},
+        {"accepted", accepted},
+        {"drafted_at", st.drafted_at},
+        {"accepted_at", st.accepted_at},
+        {"tokens_per_verify", 1.0 + static_cast<double>(accepted) / static_cast<double>(verify_steps)}};
 
   if (args->has("--json")) {
     std::printf("%s\n", out.dump().c_str());
@@ -312,6 +327,18 @@ int cmd_bench_serving(const Argv& argv) {
     std::printf(", %.1f%% of the roofline (copy %.0f GB/s)", 100 * percentile(dec_ratio, 0.5),
                 roof.copy_bw / 1e9);
   std::printf("\n  preemptions %lld\n", static_cast<long long>(st.preemptions));
+  if (out.contains("speculative")) {
+    std::printf(
+        "  speculative: %lld drafted, %lld accepted (%.1f%%); %.2f tokens per verification step; "
+        "accepted by position:",
+        static_cast<long long>(drafted), static_cast<long long>(accepted),
+        100.0 * static_cast<double>(accepted) / static_cast<double>(std::max<int64_t>(drafted, 1)),
+        out["speculative"]["tokens_per_verify"].get<double>());
+    for (size_t k = 0; k < st.drafted_at.size(); ++k)
+      std::printf(" %.0f%%", 100.0 * static_cast<double>(st.accepted_at[k]) /
+                                 static_cast<double>(std::max<int64_t>(st.drafted_at[k], 1)));
+    std::printf("\n");
+  }
   if (*hit > 0)
     std::printf("  prefix hit: %lld-token prefix + 50 new: TTFT %.1f ms (%lld tokens from the cache)\n",
                 static_cast<long long>(*hit), out["prefix_hit"]["ttft_median_ms"].get<double>(),

@@ -76,6 +76,8 @@ int cmd_generate(const Argv& argv) {
   }
   if (json) {
     nlohmann::json out = {{"ids", r->ids}, {"finish_reason", r->finish_reason}};
+    if (args->has("--speculative-tokens"))
+      out["speculative"] = {{"drafted", r->drafted_tokens}, {"accepted", r->accepted_tokens}};
     if (tok) {
       out["prompt_ids"] = prompt;
       out["text"] = text_out;

@@ -141,9 +141,18 @@ int cmd_inspect(const Argv& argv) {
   std::printf("embeddings:     %s\n", c.tie_word_embeddings ? "tied" : "untied lm_head");
   std::printf("parameters:     %lld (text model)\n", static_cast<long long>(w->parameter_count));
   std::printf("text bytes:     %llu\n", static_cast<unsigned long long>(w->bytes));
-  std::printf("checkpoint:     %zu tensors, %llu bytes; mtp tensors %zu, vision tensors %zu\n",
-              ck->tensors().size(), static_cast<unsigned long long>(total_bytes), w->mtp_tensors.size(),
-              w->visual_tensors.size());
+  std::printf("checkpoint:     %zu tensors, %llu bytes; vision tensors %zu\n", ck->tensors().size(),
+              static_cast<unsigned long long>(total_bytes), w->visual_tensors.size());
+  if (w->mtp.present) {
+    std::printf("mtp head:       %lld parameters, %llu bytes (speculative decoding: --speculative-tokens)\n",
+                static_cast<long long>(w->mtp.parameter_count),
+                static_cast<unsigned long long>(w->mtp.bytes));
+  } else if (!w->mtp_tensors.empty()) {
+    std::printf("mtp head:       incomplete (%zu mtp.* tensors, no decoder layer): no drafting\n",
+                w->mtp_tensors.size());
+  } else {
+    std::printf("mtp head:       none\n");
+  }
   for (const auto& [name, f] : formats)
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));

@@ -38,14 +38,18 @@ std::vector<Flag> sampling_flags() {
 
 // The engine's flags (add_engine_flags in model_options.cpp).
 std::vector<Flag> engine_flags() {
-  return {{"--max-model-len N", "context length (default: the model's max_position_embeddings)"},
-          {"--max-num-seqs N", "sequences running at once (default 16)"},
-          {"--max-num-batched-tokens N",
-           "tokens one engine step carries: decode rows + prompt chunks (default 2048)"},
-          {"--kv-cache-gb GB", "KV memory (default: enough for max-num-seqs sequences of max-model-len)"},
-          {"--prefix-cache-gb GB", "memory the prefix cache may hold (default 1)"},
-          {"--no-prefix-cache", "no prefix cache"},
-          {"--max-queue N", "requests waiting at most; more are refused (429 when serving; default 256)"}};
+  return {
+      {"--max-model-len N", "context length (default: the model's max_position_embeddings)"},
+      {"--max-num-seqs N", "sequences running at once (default 16)"},
+      {"--max-num-batched-tokens N",
+       "tokens one engine step carries: decode rows + prompt chunks (default 2048)"},
+      {"--kv-cache-gb GB", "KV memory (default: enough for max-num-seqs sequences of max-model-len)"},
+      {"--prefix-cache-gb GB", "memory the prefix cache may hold (default 1)"},
+      {"--no-prefix-cache", "no prefix cache"},
+      {"--max-queue N", "requests waiting at most; more are refused (429 when serving; default 256)"},
+      {"--speculative-tokens K",
+       "draft up to K tokens a step with the checkpoint's MTP head, verified in one step (0..8; default 0: "
+       "off)"}};
 }
 
 std::vector<Flag> join(std::vector<Flag> a, const std::vector<Flag>& b) {

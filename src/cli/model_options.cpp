@@ -51,7 +51,7 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
 
 void add_engine_flags(ArgSpec& spec) {
   for (const char* f : {"--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-gb",
-                        "--prefix-cache-gb", "--max-queue"})
+                        "--prefix-cache-gb", "--max-queue", "--speculative-tokens"})
     spec.with_value.insert(f);
   spec.boolean.insert("--no-prefix-cache");
 }
@@ -78,6 +78,11 @@ core::Expected<engine::SchedulerOptions> parse_engine_options(const Args& args) 
   DF_ASSIGN(long long queue, args.get_int("--max-queue", 256));
   if (queue < 1 || queue > 100000) return core::Error{"flag --max-queue must be in [1, 100000]"};
   o.max_queue = static_cast<size_t>(queue);
+  DF_ASSIGN(long long spec, args.get_int("--speculative-tokens", 0));
+  if (spec < 0 || spec > engine::kMaxSpeculativeTokens)
+    return core::Error{"flag --speculative-tokens must be in [0, " +
+                       std::to_string(engine::kMaxSpeculativeTokens) + "]"};
+  o.speculative_tokens = static_cast<int32_t>(spec);
   return o;
 }
 

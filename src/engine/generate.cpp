@@ -104,6 +104,8 @@ core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>
     }
     if (e.finished) {
       r.cached_tokens = e.cached_tokens;
+      r.drafted_tokens = e.drafted_tokens;
+      r.accepted_tokens = e.accepted_tokens;
       r.finish_reason = stopped_by_caller || e.finish == FinishReason::kStop ? "stop" : "length";
     }
     return go_on;

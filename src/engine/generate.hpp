@@ -35,9 +35,10 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-  std::vector<int32_t> ids;   // generated ids (a final stop id included)
-  std::string finish_reason;  // "stop" or "length"
-  int64_t cached_tokens = 0;  // prompt tokens reused from the prefix cache
+  std::vector<int32_t> ids;                         // generated ids (a final stop id included)
+  std::string finish_reason;                        // "stop" or "length"
+  int64_t cached_tokens = 0;                        // prompt tokens reused from the prefix cache
+  int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding (Event)
 };
 
 // Submits one request and waits for it. on_token is called with each id as it arrives; returning false

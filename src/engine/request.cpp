@@ -31,6 +31,8 @@ void ResponseChannel::push(Event e) {
       last.prompt_tokens = e.prompt_tokens;
       last.cached_tokens = e.cached_tokens;
       last.completion_tokens = e.completion_tokens;
+      last.drafted_tokens = e.drafted_tokens;
+      last.accepted_tokens = e.accepted_tokens;
       if (!e.prompt_logprobs.empty()) last.prompt_logprobs = std::move(e.prompt_logprobs);
       if (!e.prompt_top.empty()) last.prompt_top = std::move(e.prompt_top);
       if (!e.prompt_ranks.empty()) last.prompt_ranks = std::move(e.prompt_ranks);

@@ -61,6 +61,9 @@ struct GenerationRequest {
   int choice = 0;  // index of this request's choice in the channel
   // Structured output: masks each step (null: none).
   std::shared_ptr<TokenConstraint> constraint;
+  // Speculative decoding: draft tokens per step at most, below the engine's --speculative-tokens (< 0: the
+  // engine's; 0: off for this request).
+  int speculative_tokens = -1;
 };
 
 struct SampledToken {
@@ -84,6 +87,9 @@ struct Event {
   std::vector<std::vector<TokenLogprob>>
       prompt_top;                     // prompt_top_logprobs >= 0: per position, most likely first
   std::vector<int64_t> prompt_ranks;  // prompt_top_logprobs >= 0: 1 + ids scoring above the token
+  // Speculative decoding, set when finished: tokens the MTP head drafted for this request, and those the
+  // model accepted.
+  int64_t drafted_tokens = 0, accepted_tokens = 0;
 };
 
 // A multi-producer (engine), single-consumer (HTTP thread) queue of events, plus the cancellation flag both

@@ -31,9 +31,19 @@ struct Scheduler::Sequence {
   std::vector<float> masked;
   std::vector<std::vector<TokenLogprob>> prompt_top;
   std::vector<int64_t> prompt_ranks;
+  // Speculative decoding: tokens the MTP head drafted after tokens.back(), verified by the next step; the
+  // sequence's draft length (adapted to its acceptance) and its decayed counts of accepted and tried drafts.
+  std::vector<int32_t> drafts;
+  int32_t max_drafts = 0;                        // the request's ceiling (0: off)
+  double accept_weight = 1.4, try_weight = 2.0;  // a prior of 70% acceptance, worth two tries
+  int32_t plain_steps = 0;                       // decode steps without drafts since the last probe
+  int64_t drafted = 0, accepted = 0;
   // This step.
   int64_t chunk = 0;
   std::vector<backend::StateSnapshot> snaps;
+  bool verifying = false;  // this step's run is [tokens.back(), drafts...] with a snapshot after each row
+  int32_t checking_draft = -1;  // the draft the token being emitted is checked against (finish() counts it)
+  int32_t last_id = -1;         // the last token emit() gave out
 };
 
 namespace {
@@ -74,7 +84,8 @@ core::Status Scheduler::plan() {
   const auto& c = backend_.config();
   const int64_t model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
   page_size_ = backend_.page_size();
-  const size_t page_bytes = std::max<size_t>(backend_.page_bytes(), 1);
+  const size_t page_bytes = std::max<size_t>(
+      backend_.page_bytes() + (opt_.speculative_tokens > 0 ? backend_.draft_page_bytes() : 0), 1);
   const size_t slot_bytes = std::max<size_t>(backend_.slot_bytes(), 1);
   const int64_t one_seq = ceil_div(model_len, page_size_);
   int64_t kv_pages = opt_.max_num_seqs * one_seq;
@@ -88,6 +99,19 @@ core::Status Scheduler::plan() {
     return core::Error{"--kv-cache-gb " + std::to_string(opt_.kv_cache_gb) + " holds no KV page"};
   int32_t slots = opt_.max_num_seqs;
   backend::PoolRequest req;
+  if (opt_.speculative_tokens < 0 || opt_.speculative_tokens > kMaxSpeculativeTokens)
+    return core::Error{"--speculative-tokens must be in [0, " + std::to_string(kMaxSpeculativeTokens) +
+                       "], not " + std::to_string(opt_.speculative_tokens)};
+  if (opt_.speculative_tokens > 0) {
+    if (!backend_.can_draft())
+      return core::Error{
+          std::string("--speculative-tokens: the ") + backend_.name() +
+          " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
+          "and a backend that runs it: cpu for now)"};
+    // Verification snapshots: a state slot per drafted token of every running sequence.
+    slots += opt_.max_num_seqs * opt_.speculative_tokens;
+    req.draft = true;
+  }
   const double cache_bytes = opt_.prefix_cache ? opt_.prefix_cache_gb * (1ull << 30) : 0.0;
   int32_t cache_slots = 0;
   int64_t cache_pages = 0;
@@ -172,6 +196,8 @@ void Scheduler::publish_stats() {
   s.prefix_hit_tokens = hit_tokens_;
   s.preemptions = preemptions_;
   s.steps = steps_;
+  s.drafted_at = drafted_at_;
+  s.accepted_at = accepted_at_;
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
 }
@@ -259,6 +285,8 @@ void Scheduler::take_new_requests() {
     s->sampling.add_prompt(r.prompt);
     s->forced.assign(r.forced_ids.begin(), r.forced_ids.end());
     s->in_thought = r.thinking.open_at_start;
+    s->max_drafts = r.speculative_tokens < 0 ? opt_.speculative_tokens
+                                             : std::min(r.speculative_tokens, opt_.speculative_tokens);
     s->req = std::move(r);
     if (const std::string why = check_request(s->req); !why.empty()) {
       finish(*s, FinishReason::kError, why);
@@ -335,6 +363,7 @@ void Scheduler::release(Sequence& s, bool to_cache) {
   for (int32_t p : s.pages) pages_.unref(p);
   s.pages.clear();
   s.computed = 0;
+  s.drafts.clear();
 }
 
 bool Scheduler::preempt_youngest(const Sequence* keep) {
@@ -368,6 +397,8 @@ void Scheduler::finish(Sequence& s, FinishReason why, const std::string& error,
   e.prompt_logprobs = std::move(s.prompt_lp);
   e.prompt_top = std::move(s.prompt_top);
   e.prompt_ranks = std::move(s.prompt_ranks);
+  e.drafted_tokens = s.drafted;
+  e.accepted_tokens = s.accepted + (e.tokens.size() == 1 && e.tokens[0].id == s.checking_draft ? 1 : 0);
   if (s.req.channel) s.req.channel->push(std::move(e));
   release(s, why != FinishReason::kError);
   s.done = true;
@@ -405,6 +436,7 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
   }
   s.sampling.accept(id);
   ++s.generated;
+  s.last_id = id;
   SampledToken tok;
   tok.id = id;
   if (r.logprobs && row) {
@@ -471,6 +503,22 @@ bool Scheduler::step_once() {
     }
     s->chunk = 1;
     --budget;
+    // Its drafts ride along, as far as the budget, the pages and a snapshot slot for each allow.
+    s->snaps.clear();
+    s->verifying = false;
+    if (!s->drafts.empty()) {
+      size_t keep = std::min(s->drafts.size(), static_cast<size_t>(std::max<int64_t>(budget, 0)));
+      if (!reserve_pages(*s, s->computed + 1 + static_cast<int64_t>(keep))) keep = 0;
+      for (size_t j = 0; j < keep; ++j) {
+        auto slot = take_slot(nullptr);
+        if (!slot) break;
+        s->snaps.push_back({static_cast<int32_t>(j + 1), *slot});
+      }
+      s->drafts.resize(s->snaps.size());
+      s->verifying = !s->drafts.empty();
+      s->chunk += static_cast<int64_t>(s->drafts.size());
+      budget -= static_cast<int64_t>(s->drafts.size());
+    }
     batch.push_back(s);
   }
   // Prompt chunks of running sequences, then of newly admitted ones, first come first served.
@@ -537,6 +585,17 @@ bool Scheduler::step_once() {
     run.start_pos = s->computed;
     run.state_slot = s->slot;
     run.kv_pages = s->pages;
+    if (s->verifying) {
+      // Verification: the pending token and the drafts after it, every row's logits, drawn here; the
+      // snapshots (taken above) hold the state after each row, for the rows that are rejected.
+      run.logits = backend::RunLogits::kAll;
+      run.sample = nullptr;
+      tokens.push_back(s->tokens.back());
+      tokens.insert(tokens.end(), s->drafts.begin(), s->drafts.end());
+      run.snapshots = s->snaps;
+      runs.push_back(run);
+      continue;
+    }
     const int64_t end = s->computed + s->chunk;
     const bool last = end == static_cast<int64_t>(s->tokens.size());
     const bool in_prompt = s->computed < s->prompt_len;
@@ -573,24 +632,27 @@ bool Scheduler::step_once() {
   const auto t0 = std::chrono::steady_clock::now();
   const core::Status status = backend_.step(st, out);
   ++steps_;
+  StepInfo info;
   if (opt_.on_step) {
-    StepInfo info;
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     info.seqs = static_cast<int64_t>(runs.size());
-    for (const auto& r : runs) {
-      if (r.n_rows == 1 && r.start_pos > 0) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto& r = runs[i];
+      if (batch[i]->verifying || (r.n_rows == 1 && r.start_pos > 0)) {
         ++info.decode_rows;
+        info.draft_rows += r.n_rows - 1;
         info.kv_positions += r.start_pos + 1;
       } else {
         info.prefill_rows += r.n_rows;
       }
     }
-    opt_.on_step(info);
   }
   if (!status) {
     for (Sequence* s : batch) {
       for (const auto& sn : s->snaps) slots_.give_back(sn.slot);
       s->snaps.clear();
+      s->drafts.clear();
+      s->verifying = false;
     }
     for (auto& s : running_) finish(*s, FinishReason::kError, status.message());
     running_.clear();
@@ -603,6 +665,11 @@ bool Scheduler::step_once() {
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i];
     const auto& run = runs[i];
+    if (s.verifying) {
+      verify(s, out.logits.data() + row * V);
+      row += static_cast<size_t>(run.n_rows);
+      continue;
+    }
     const int64_t start = s.computed;
     s.computed += s.chunk;
     for (const auto& sn : s.snaps) {
@@ -641,8 +708,113 @@ bool Scheduler::step_once() {
     }
     emit(s, out.sampled[i], last_row);
   }
+  if (opt_.speculative_tokens > 0) {
+    const auto t1 = std::chrono::steady_clock::now();
+    draft(batch, runs);
+    info.draft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }
+  if (opt_.on_step) opt_.on_step(info);
   std::erase_if(running_, [](const auto& s) { return s->done; });
   return true;
+}
+
+// Row j of the run predicts the token after its input: draw it as a plain decode step would (the same
+// (seed, step) key, penalties, grammar and forced tokens, through emit), and go on while the draw equals the
+// next drafted token. For a greedy request that is the argmax rule; for a sampled one it accepts draft d with
+// probability p(d) and otherwise emits a draw from p without d — the standard rule for a one-hot draft — and
+// the tokens are exactly those of decoding without speculation with the same seed. The state after the last
+// accepted row is the main slot's (every row accepted) or a snapshot's, which becomes the sequence's slot.
+void Scheduler::verify(Sequence& s, const float* rows) {
+  const size_t V = static_cast<size_t>(backend_.config().vocab_size);
+  const int64_t start = s.computed, n = static_cast<int64_t>(s.drafts.size());
+  const int32_t main_slot = s.slot;
+  auto slot_after = [&](int64_t r) {
+    return r == n + 1 ? main_slot : s.snaps[static_cast<size_t>(r - 1)].slot;
+  };
+  int64_t used = 0, accepted = 0;  // rows whose inputs the sequence keeps; drafts accepted
+  s.drafted += n;
+  for (int64_t j = 0; j <= n; ++j) {
+    used = j + 1;
+    s.computed = start + used;
+    s.slot = slot_after(used);  // what finish() keeps if this token ends the sequence
+    const float* lr = rows + static_cast<size_t>(j) * V;
+    const int32_t drawn = backend::sample_row(std::span<const float>(lr, V), s.sampling.spec(), work_);
+    s.checking_draft = j < n ? s.drafts[static_cast<size_t>(j)] : -1;
+    s.last_id = -1;
+    emit(s, drawn, lr);
+    s.checking_draft = -1;
+    const bool match = j < n && s.last_id == s.drafts[static_cast<size_t>(j)];
+    accepted += match ? 1 : 0;
+    if (s.done || !match) break;
+    ++s.accepted;  // (a finishing token that matched was counted by finish())
+  }
+  if (drafted_at_.size() < static_cast<size_t>(n)) {
+    drafted_at_.resize(static_cast<size_t>(n));
+    accepted_at_.resize(static_cast<size_t>(n));
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    ++drafted_at_[static_cast<size_t>(k)];
+    if (k < accepted) ++accepted_at_[static_cast<size_t>(k)];
+  }
+  // Acceptance: decayed counts of accepted drafts and of tries (a rejection is one more try).
+  s.accept_weight = 0.9 * s.accept_weight + static_cast<double>(accepted);
+  s.try_weight = 0.9 * s.try_weight + static_cast<double>(accepted + (accepted < n ? 1 : 0));
+  // The slots the sequence does not keep go back (finish() has already dealt with the one it kept).
+  const int32_t kept = s.done ? -1 : s.slot;
+  for (int64_t r = 1; r <= n + 1; ++r)
+    if (const int32_t slot = slot_after(r); slot != kept && !(s.done && r == used)) slots_.give_back(slot);
+  s.snaps.clear();
+  s.drafts.clear();
+  s.verifying = false;
+}
+
+// How many tokens to draft for the sequence's next step: the most k <= its ceiling for which the k-th draft
+// is still accepted at least a quarter of the time (acceptance a: a^k >= 0.25), never past max_tokens or the
+// model length. A sequence whose drafts stopped paying decodes plainly and tries one draft every 16 steps.
+int32_t Scheduler::draft_count(const Sequence& s) const {
+  if (s.max_drafts <= 0) return 0;
+  // A step verifying k drafts emits up to k + 1 tokens, at positions up to tokens.size() - 1 + k.
+  const int64_t room = std::min<int64_t>(s.req.max_tokens - s.generated - 1,
+                                         max_model_len_ - static_cast<int64_t>(s.tokens.size()));
+  const double a = s.try_weight > 0 ? s.accept_weight / s.try_weight : 0.0;
+  int32_t k = 0;
+  for (double p = a; k < s.max_drafts && p >= 0.25; p *= a) ++k;
+  if (k == 0 && s.plain_steps >= 16) k = 1;
+  return static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(k, room)));
+}
+
+// After the step's draws: the MTP head over every run's kept rows, which keeps its KV in step with each
+// sequence (prompt chunks included), and drafts for the sequences whose next step is a decode.
+void Scheduler::draft(std::span<Sequence* const> batch, std::span<const backend::SeqRun> runs) {
+  std::vector<backend::DraftRun> drs;
+  std::vector<Sequence*> who;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i];
+    if (s.done) continue;
+    const auto& run = runs[i];
+    backend::DraftRun d;
+    d.first_row = run.first_row;
+    d.n_rows = static_cast<int32_t>(s.computed - run.start_pos);
+    d.start_pos = run.start_pos;
+    d.next_token = s.tokens[static_cast<size_t>(s.computed)];
+    const bool decoding = static_cast<int64_t>(s.tokens.size()) - s.computed == 1;
+    d.n_draft = decoding ? draft_count(s) : 0;
+    if (d.n_draft > 0 && !reserve_pages(s, s.computed + 1 + d.n_draft)) d.n_draft = 0;
+    if (decoding) s.plain_steps = d.n_draft > 0 ? 0 : s.plain_steps + 1;
+    d.kv_pages = s.pages;
+    drs.push_back(d);
+    who.push_back(&s);
+  }
+  if (drs.empty()) return;
+  backend::DraftOut out;
+  if (!backend_.draft(drs, out)) return;  // no drafts this time: the next steps decode plainly
+  size_t at = 0;
+  for (size_t i = 0; i < drs.size(); ++i) {
+    const auto n = static_cast<size_t>(drs[i].n_draft);
+    who[i]->drafts.assign(out.tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                          out.tokens.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
 }
 
 }  // namespace deltaflow::engine

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct StepInfo {
   int64_t prefill_rows = 0;  // rows of prompt chunks
   int64_t seqs = 0;
   int64_t kv_positions = 0;  // cache positions the decode rows' attention reads
+  int64_t draft_rows = 0;    // drafted tokens verified in this step (rows after a decode row)
+  double draft_seconds = 0;  // the backend's draft call after the step (speculative decoding)
 };
 
 struct SchedulerOptions {
@@ -47,7 +50,13 @@ struct SchedulerOptions {
   double prefix_cache_gb = 1.0;  // checkpoints' state slots + KV pages only the cache holds
   std::function<void(const StepInfo&)> on_step =
       nullptr;  // called on the engine thread after each step (benchmarks)
+  // Speculative decoding with the checkpoint's MTP head: up to this many drafted tokens per sequence and
+  // step, verified by the next step (0: off; at most kMaxSpeculativeTokens). Each sequence adapts its own
+  // count to how often its drafts are accepted (docs/architecture.md §4).
+  int32_t speculative_tokens = 0;
 };
+
+inline constexpr int32_t kMaxSpeculativeTokens = 8;
 
 // What the engine holds now (for /metrics).
 struct SchedulerStats {
@@ -59,6 +68,9 @@ struct SchedulerStats {
   int64_t prefix_evictions = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // Speculative decoding, since start: drafts verified and accepted at each draft position (index 0: the
+  // first drafted token of a step).
+  std::vector<int64_t> drafted_at, accepted_at;
 };
 
 enum class SubmitResult { kQueued, kQueueFull, kStopped };
@@ -99,6 +111,11 @@ class Scheduler {
   void finish(Sequence& s, FinishReason why, const std::string& error = {},
               std::optional<SampledToken> last = std::nullopt, int32_t stop_id = -1);
   void emit(Sequence& s, int32_t id, const float* row);
+  // Speculative decoding: the draws of a verification run (its drafted tokens accepted while they equal the
+  // draws), then the MTP head's drafts for the next step.
+  void verify(Sequence& s, const float* rows);
+  void draft(std::span<Sequence* const> batch, std::span<const backend::SeqRun> runs);
+  int32_t draft_count(const Sequence& s) const;
   std::optional<int32_t> take_slot(const Checkpoint* keep);
   void publish_stats();
   std::string check_request(const GenerationRequest& r) const;
@@ -125,6 +142,7 @@ class Scheduler {
   std::atomic<bool> stop_now_{false};
   SchedulerStats stats_;  // under mu_
   int64_t hit_tokens_ = 0, preemptions_ = 0, steps_ = 0;
+  std::vector<int64_t> drafted_at_, accepted_at_;  // engine thread; published in stats_
   std::thread thread_;
 };
 

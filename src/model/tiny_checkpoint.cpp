@@ -147,7 +147,7 @@ ojson text_config_json(const Preset& p) {
     t["decoder_sparse_step"] = 1;
     t["mlp_only_layers"] = p.mlp_only_layers;
   }
-  t["mtp_num_hidden_layers"] = p.multimodal && !p.vision ? 1 : 0;  // vl: no MTP head
+  t["mtp_num_hidden_layers"] = p.vision ? 0 : 1;  // vl: no MTP head
   t["eos_token_id"] = kTinyEosTokenId;
   t["dtype"] = p.dtype == DType::kF16 ? "float16" : "bfloat16";
   return t;
@@ -399,16 +399,23 @@ core::Status write_tiny_checkpoint(const std::string& preset, uint64_t seed, con
   }
   add_norm(s, pre + "norm.weight", p.hidden);
   if (!p.tied) s.add("lm_head.weight", {p.vocab, p.hidden}, 3.0 / std::sqrt(static_cast<double>(p.hidden)));
+  // The MTP head (speculative decoding): its norms and fc, then (after every other tensor, so that adding it
+  // left the other tensors' values as they were) its decoder layer. The vl preset has none.
   if (p.vision) {
     add_vision_tower(s, p);
-  } else if (p.multimodal) {
-    // Recognised, not used by the text model: an MTP head and a vision tower stub in the real names.
+  } else {
     add_norm(s, "mtp.pre_fc_norm_embedding.weight", p.hidden);
     add_norm(s, "mtp.pre_fc_norm_hidden.weight", p.hidden);
     s.add("mtp.fc.weight", {p.hidden, 2 * p.hidden}, proj_std(2 * p.hidden));
     add_norm(s, "mtp.norm.weight", p.hidden);
-    s.add("model.visual.patch_embed.proj.weight", {32, 3, 2, 16, 16}, 0.02);
-    s.add("model.visual.patch_embed.proj.bias", {32}, 0.02);
+    if (p.multimodal) {
+      // A vision tower stub in the real names: recognised, not used by the text model.
+      s.add("model.visual.patch_embed.proj.weight", {32, 3, 2, 16, 16}, 0.02);
+      s.add("model.visual.patch_embed.proj.bias", {32}, 0.02);
+    }
+    Preset mtp = p;
+    mtp.fused_experts = false;  // the official checkpoints store the MTP layer's experts one by one
+    add_layer(s, mtp, "mtp.layers.0.", -1, /*full=*/true);
   }
 
   auto& tensors = s.tensors();

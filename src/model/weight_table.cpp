@@ -189,6 +189,7 @@ class Binder {
   }
 
   bool has(const std::string& name) const { return ck_.find(name) != nullptr; }
+  const io::Checkpoint& checkpoint() const { return ck_; }
   void mark_used(const std::string& name) { used_.insert(name); }
   bool is_used(const std::string& name) const { return used_.count(name) > 0; }
   void count(const io::Tensor& t) {
@@ -377,6 +378,42 @@ bool is_kv_scale(const std::string& name, const std::string& pre) {
   return false;
 }
 
+// The MTP head, when the config asks for one and its decoder layer is in the checkpoint. A checkpoint with
+// only part of a head (no mtp.layers.0.*) keeps those tensors as recognised and unbound.
+core::Status bind_mtp(Binder& b, const TextConfig& c, ModelWeights& w) {
+  if (c.mtp_num_hidden_layers < 1 || !b.has("mtp.fc.weight") || !b.has("mtp.layers.0.input_layernorm.weight"))
+    return core::Status();
+  const int64_t H = c.hidden_size;
+  MtpWeights& m = w.mtp;
+  const std::string what = "MTP head";
+  // The head's bytes and parameters are its own, not the text model's (bench rooflines, inspect).
+  const uint64_t bytes0 = w.bytes;
+  const int64_t params0 = w.parameter_count;
+  DF_ASSIGN(m.pre_fc_norm_embedding, b.mat("mtp.pre_fc_norm_embedding.weight", {H}, what));
+  DF_ASSIGN(m.pre_fc_norm_hidden, b.mat("mtp.pre_fc_norm_hidden.weight", {H}, what));
+  DF_ASSIGN(m.fc, b.linear("mtp.fc", H, 2 * H, what));
+  DF_ASSIGN(m.norm, b.mat("mtp.norm.weight", {H}, what));
+  LayerWeights& L = m.layer;
+  L.type = LayerType::kFullAttention;
+  const std::string lp = "mtp.layers.0.";
+  DF_ASSIGN(L.input_layernorm, b.mat(lp + "input_layernorm.weight", {H}, what));
+  DF_ASSIGN(L.post_attention_layernorm, b.mat(lp + "post_attention_layernorm.weight", {H}, what));
+  DF_TRY(bind_full_attention(b, c, lp + "self_attn.", L.attn, what));
+  // The MTP layer's FFN is sparse in MoE models (per-expert tensors in the official checkpoints).
+  L.is_moe = c.num_experts > 0;
+  if (L.is_moe) {
+    DF_TRY(bind_moe(b, b.checkpoint(), c, lp + "mlp.", L.moe, what + " MoE"));
+  } else {
+    DF_TRY(bind_mlp(b, lp + "mlp.", H, c.intermediate_size, L.mlp, what + " MLP"));
+  }
+  m.present = true;
+  m.bytes = w.bytes - bytes0;
+  m.parameter_count = w.parameter_count - params0;
+  w.bytes = bytes0;
+  w.parameter_count = params0;
+  return core::Status();
+}
+
 }  // namespace
 
 core::Expected<ModelWeights> bind_weights(const TextConfig& c, const io::Checkpoint& ck) {
@@ -431,6 +468,8 @@ core::Expected<ModelWeights> bind_weights(const TextConfig& c, const io::Checkpo
   } else {
     DF_ASSIGN(w.lm_head, b.linear(lm_module, V, H, "lm_head (tie_word_embeddings is false)"));
   }
+
+  DF_TRY(bind_mtp(b, c, w));
 
   for (const auto& t : ck.tensors()) {
     if (b.is_used(t.name)) continue;

@@ -99,14 +99,29 @@ struct LayerWeights {
   MoeWeights moe;  // sparse FFN
 };
 
+// The checkpoint's multi-token-prediction head (mtp.*, qwen35-architecture.md §4): one full-attention
+// decoder layer that drafts the token after next from the main model's final hidden state and the next
+// token's embedding. It shares embed_tokens and lm_head with the main model.
+struct MtpWeights {
+  bool present = false;       // every tensor of the head is in the checkpoint (else none is bound)
+  Mat pre_fc_norm_embedding;  // [1, hidden], (1+w)
+  Mat pre_fc_norm_hidden;     // [1, hidden], (1+w)
+  Mat fc;                     // [hidden, 2 * hidden]: input [normed embedding | normed hidden]
+  LayerWeights layer;         // type kFullAttention; MoE FFN in MoE models
+  Mat norm;                   // [1, hidden], (1+w)
+  uint64_t bytes = 0;         // the head's own tensors (not counted in ModelWeights::bytes)
+  int64_t parameter_count = 0;
+};
+
 struct ModelWeights {
   Mat embed_tokens;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   Mat norm;     // [1, hidden], (1+w)
   Mat lm_head;  // [vocab, hidden]; = embed_tokens when tied
   std::string
-      prefix;  // the text-model prefix found in the checkpoint ("model.language_model.", "model.", ...)
-  std::vector<std::string> mtp_tensors;       // recognised, kept for speculative decoding
+      prefix;      // the text-model prefix found in the checkpoint ("model.language_model.", "model.", ...)
+  MtpWeights mtp;  // bound when the checkpoint has a whole MTP head
+  std::vector<std::string> mtp_tensors;       // mtp.* tensors recognised but not bound (a partial head)
   std::vector<std::string> visual_tensors;    // recognised, kept for the vision encoder
   std::vector<std::string> kv_scale_tensors;  // FP8 KV-cache scales, recognised (the cache is not FP8 yet)
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;  // repacked tensors

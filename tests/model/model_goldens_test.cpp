@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 
+#include "../golden_file.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "engine/generate.hpp"
 #include "io/safetensors.hpp"
@@ -51,18 +52,7 @@ struct Golden {
   }
 };
 
-// max |a - b| / max(1, max |b|)
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double md = 0, mr = 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    md = std::max(md, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mr = std::max(mr, std::fabs(static_cast<double>(b[i])));
-  }
-  return md / mr;
-}
+using testing_golden::rel_err;
 
 class ModelGoldens : public ::testing::TestWithParam<std::string> {
  protected:

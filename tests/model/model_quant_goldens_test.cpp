@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../golden_file.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "io/safetensors.hpp"
 #include "model/weight_summary.hpp"
@@ -55,17 +56,7 @@ std::vector<int32_t> i32(const io::SafetensorsFile& f, const std::string& name) 
   return {};
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double md = 0, mr = 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    md = std::max(md, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mr = std::max(mr, std::fabs(static_cast<double>(b[i])));
-  }
-  return md / mr;
-}
+using testing_golden::rel_err;
 
 class QuantGoldens : public ::testing::TestWithParam<Case> {};
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "../golden_file.hpp"
 #include "../vision_goldens.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cpu/vision_encoder.hpp"
@@ -25,17 +26,7 @@ using testing_vision::VisionGoldens;
 
 constexpr double kTol = 2e-5;
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double md = 0, mr = 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    md = std::max(md, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mr = std::max(mr, std::fabs(static_cast<double>(b[i])));
-  }
-  return md / mr;
-}
+using testing_golden::rel_err;
 
 class VisionEncoder : public ::testing::Test {
  protected:

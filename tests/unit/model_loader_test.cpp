@@ -98,14 +98,25 @@ TEST_F(ModelLoader, ExtraTensorIsRejected) {
   EXPECT_NE(m.find("unexpected tensor 'model.layers.0.mystery.weight'"), std::string::npos) << m;
 }
 
-TEST_F(ModelLoader, MtpAndVisualTensorsAreRecognised) {
+TEST_F(ModelLoader, MtpHeadIsBound) {
+  auto b = backend::cpu::CpuBackend::load(dir_);
+  ASSERT_TRUE(b.is_ok()) << b.message();
+  EXPECT_TRUE((*b)->weights().mtp.present);
+  EXPECT_TRUE((*b)->weights().mtp_tensors.empty());
+  EXPECT_GT((*b)->weights().mtp.bytes, 0u);
+}
+
+// A head without its decoder layer is recognised and left unbound (no drafting), like a vision tower.
+TEST_F(ModelLoader, PartialMtpHeadAndVisualTensorsAreRecognised) {
   rewrite([](auto& ts) {
-    ts.push_back({"mtp.fc.weight", core::DType::kF32, {2}, std::vector<uint8_t>(8)});
+    std::erase_if(ts, [](const auto& t) { return t.name.rfind("mtp.layers.", 0) == 0; });
     ts.push_back({"model.visual.blocks.0.attn.qkv.weight", core::DType::kF32, {2}, std::vector<uint8_t>(8)});
   });
   auto b = backend::cpu::CpuBackend::load(dir_);
   ASSERT_TRUE(b.is_ok()) << b.message();
-  EXPECT_EQ((*b)->weights().mtp_tensors.size(), 1u);
+  EXPECT_FALSE((*b)->weights().mtp.present);
+  EXPECT_FALSE((*b)->can_draft());
+  EXPECT_EQ((*b)->weights().mtp_tensors.size(), 4u);  // the norms, fc and the final norm
   EXPECT_EQ((*b)->weights().visual_tensors.size(), 1u);
 }
 

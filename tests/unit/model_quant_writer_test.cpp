@@ -52,8 +52,11 @@ class QuantWriter : public ::testing::Test {
     auto b = io::SafetensorsFile::open(std::string(DF_FIXTURES) + "/quant/" + fixture + "/model.safetensors");
     ASSERT_TRUE(a.is_ok()) << a.message();
     ASSERT_TRUE(b.is_ok()) << b.message();
+    // The fixtures were exported from make-tiny checkpoints made before it wrote an MTP head; both producers
+    // keep mtp.* as it is (ModelOpt excludes "mtp*"), and so do we: those tensors are left out here.
     std::map<std::string, const io::TensorEntry*> ours;
-    for (const auto& e : (*a)->header().tensors) ours[e.name] = &e;
+    for (const auto& e : (*a)->header().tensors)
+      if (e.name.rfind("mtp.", 0) != 0) ours[e.name] = &e;
     EXPECT_EQ(ours.size(), (*b)->header().tensors.size());
     int differ = 0;
     for (const auto& e : (*b)->header().tensors) {

@@ -45,6 +45,17 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
     b->consts_.push_back(std::move(k));
   }
   b->final_norm_ = load_all(b->weights_.norm);
+  if (const auto& m = b->weights_.mtp; m.present) {
+    LayerConsts& k = b->mtp_consts_;
+    k.input_norm = load_all(m.layer.input_layernorm);
+    k.post_norm = load_all(m.layer.post_attention_layernorm);
+    k.q_norm = load_all(m.layer.attn.q_norm);
+    k.k_norm = load_all(m.layer.attn.k_norm);
+    if (m.layer.is_moe) k.shared_gate = load_all(m.layer.moe.shared_expert_gate);
+    b->mtp_norm_embedding_ = load_all(m.pre_fc_norm_embedding);
+    b->mtp_norm_hidden_ = load_all(m.pre_fc_norm_hidden);
+    b->mtp_norm_ = load_all(m.norm);
+  }
   // inv_freq[i] = 1 / theta^(2i / rot), as Qwen3_5TextRotaryEmbedding computes it.
   const int64_t rot = c.rotary_dim();
   for (int64_t i = 0; i < rot / 2; ++i)
@@ -194,11 +205,10 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
   linear(o.data(), T, W.out_proj, out);
 }
 
-void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, std::span<const RunMemory> runs,
-                                int64_t T, float* out) {
+void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts& k, int64_t ai,
+                                const float* x, std::span<const RunMemory> runs, int64_t T, float* out) {
   const auto& c = config_;
-  const auto& W = weights_.layers[layer].attn;
-  const auto& k = consts_[layer];
+  const auto& W = L.attn;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, grp = nh / nkv;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd, kvw = nkv * hd;
 
@@ -276,9 +286,9 @@ void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) {
 
 }  // namespace
 
-void CpuBackend::ffn(size_t layer, const float* x, int64_t T, float* out) {
+void CpuBackend::ffn(const model::LayerWeights& L, const LayerConsts& k, const float* x, int64_t T,
+                     float* out) {
   const auto& c = config_;
-  const auto& L = weights_.layers[layer];
   const int64_t H = c.hidden_size;
   if (!L.is_moe) {
     swiglu(L.mlp, x, T, out);
@@ -320,7 +330,7 @@ void CpuBackend::ffn(size_t layer, const float* x, int64_t T, float* out) {
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   std::vector<float> sh(static_cast<size_t>(T * H));
   swiglu(L.moe.shared_expert, x, T, sh.data());
-  const auto& sg = consts_[layer].shared_gate;
+  const auto& sg = k.shared_gate;
   for (int64_t t = 0; t < T; ++t) {
     float d = 0;
     for (int64_t i = 0; i < H; ++i) d += x[t * H + i] * sg[i];
@@ -331,7 +341,8 @@ void CpuBackend::ffn(size_t layer, const float* x, int64_t T, float* out) {
 
 core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span<const RunMemory> runs,
                                       std::span<const int64_t> head_rows, bool chunked,
-                                      std::vector<float>& logits, ForwardTrace* trace) {
+                                      std::vector<float>& logits, ForwardTrace* trace,
+                                      std::vector<float>* normed) {
   const auto& c = config_;
   const int64_t T = static_cast<int64_t>(tokens.size()), H = c.hidden_size, V = c.vocab_size;
   std::vector<float> h(static_cast<size_t>(T * H)), xn(static_cast<size_t>(T * H)),
@@ -343,21 +354,28 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
     const auto& k = consts_[l];
     rmsnorm_1p(h.data(), T, H, k.input_norm.data(), c.rms_norm_eps, xn.data());
     if (weights_.layers[l].type == LayerType::kFullAttention) {
-      full_attention(l, type_index_[l], xn.data(), runs, T, y.data());
+      full_attention(weights_.layers[l], k, type_index_[l], xn.data(), runs, T, y.data());
     } else {
       gated_deltanet(l, type_index_[l], xn.data(), runs, T, chunked, y.data());
     }
     for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
     rmsnorm_1p(h.data(), T, H, k.post_norm.data(), c.rms_norm_eps, xn.data());
-    ffn(l, xn.data(), T, y.data());
+    ffn(weights_.layers[l], k, xn.data(), T, y.data());
     for (int64_t i = 0; i < T * H; ++i) h[i] += y[i];
     if (trace) trace->hidden.push_back(h);
   }
 
-  // Final norm and lm_head on the rows that need logits only.
+  // Final norm (of every row when the caller keeps them, for the MTP head) and lm_head on the rows that need
+  // logits only.
   const int64_t rows = static_cast<int64_t>(head_rows.size());
-  for (int64_t i = 0; i < rows; ++i)
-    rmsnorm_1p(h.data() + head_rows[i] * H, 1, H, final_norm_.data(), c.rms_norm_eps, xn.data() + i * H);
+  if (normed) {
+    normed->resize(static_cast<size_t>(T * H));
+    rmsnorm_1p(h.data(), T, H, final_norm_.data(), c.rms_norm_eps, normed->data());
+    for (int64_t i = 0; i < rows; ++i) std::copy_n(normed->data() + head_rows[i] * H, H, xn.data() + i * H);
+  } else {
+    for (int64_t i = 0; i < rows; ++i)
+      rmsnorm_1p(h.data() + head_rows[i] * H, 1, H, final_norm_.data(), c.rms_norm_eps, xn.data() + i * H);
+  }
   const size_t off = logits.size();
   logits.resize(off + static_cast<size_t>(rows * V));
   linear(xn.data(), rows, weights_.lm_head, logits.data() + off);
@@ -376,16 +394,25 @@ size_t CpuBackend::slot_bytes() const {
   return static_cast<size_t>(n_linear_ * (conv_floats(config_) + gdn_floats(config_))) * 4;
 }
 
+size_t CpuBackend::draft_page_bytes() const {
+  return can_draft()
+             ? static_cast<size_t>(2 * opt_.page_size * config_.num_key_value_heads * config_.head_dim) * 4
+             : 0;
+}
+
 core::Status CpuBackend::allocate(const PoolRequest& r) {
   if (r.kv_pages < 1 || r.state_slots < 1 || r.max_step_rows < 1 || r.max_step_seqs < 1)
     return core::Error{"cpu backend: a pool request needs at least one page, slot, row and sequence"};
+  if (r.draft && !can_draft())
+    return core::Error{"cpu backend: speculative decoding needs the checkpoint's MTP head (mtp.*), and " +
+                       checkpoint_.dir() + " has none"};
   const int64_t kv_row = config_.num_key_value_heads * config_.head_dim;
   const size_t page_floats = static_cast<size_t>(opt_.page_size * kv_row);
   try {
     states_.reset(new float[static_cast<size_t>(r.state_slots) * slot_bytes() / 4]);
     k_pages_.clear();
     v_pages_.clear();
-    for (int64_t i = 0; i < n_full_; ++i) {
+    for (int64_t i = 0; i < n_full_ + (r.draft ? 1 : 0); ++i) {  // + the MTP layer's store
       k_pages_.emplace_back(new float[static_cast<size_t>(r.kv_pages) * page_floats]);
       v_pages_.emplace_back(new float[static_cast<size_t>(r.kv_pages) * page_floats]);
     }
@@ -403,8 +430,11 @@ core::Status CpuBackend::allocate(const PoolRequest& r) {
   pools_.max_step_seqs = r.max_step_seqs;
   pools_.max_context = config_.max_position_embeddings;
   pools_.paged = true;
-  pools_.page_bytes = page_bytes();
+  pools_.page_bytes = page_bytes() + (r.draft ? draft_page_bytes() : 0);
   pools_.slot_bytes = slot_bytes();
+  draft_ = r.draft;
+  last_tokens_.clear();
+  last_hidden_.clear();
   return core::Status();
 }
 
@@ -416,9 +446,9 @@ SeqMemory CpuBackend::slot_memory(int32_t slot, std::span<const int32_t> pages) 
     m.conv.push_back(base + li * per_layer);
     m.gdn.push_back(base + li * per_layer + conv_floats(config_));
   }
-  for (int64_t ai = 0; ai < n_full_; ++ai) {
-    m.k.push_back(k_pages_[static_cast<size_t>(ai)].get());
-    m.v.push_back(v_pages_[static_cast<size_t>(ai)].get());
+  for (size_t ai = 0; ai < k_pages_.size(); ++ai) {
+    m.k.push_back(k_pages_[ai].get());
+    m.v.push_back(v_pages_[ai].get());
   }
   m.pages = pages.data();
   m.page_shift = std::countr_zero(static_cast<uint32_t>(opt_.page_size));
@@ -496,7 +526,9 @@ core::Status CpuBackend::step(const Step& st, StepOut& out) {
     }
   }
   std::vector<float> all;
-  DF_TRY(forward_rows(st.tokens, runs, head_rows, opt_.chunked_prefill, all, nullptr));
+  if (draft_) last_tokens_.assign(st.tokens.begin(), st.tokens.end());
+  DF_TRY(forward_rows(st.tokens, runs, head_rows, opt_.chunked_prefill, all, nullptr,
+                      draft_ ? &last_hidden_ : nullptr));
 
   out.logits.clear();
   out.sampled.assign(st.runs.size(), -1);

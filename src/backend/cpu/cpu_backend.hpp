@@ -96,6 +96,11 @@ class CpuBackend final : public Backend, public SequenceBackend {
   core::Status step(const Step& step, StepOut& out) override;
   core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
   core::Status copy_pages(std::span<const PageCopy> copies) override;
+  bool can_draft() const override { return weights_.mtp.present; }
+  size_t draft_page_bytes() const override;
+  core::Status draft(std::span<const DraftRun> runs, DraftOut& out) override;
+  // A state slot's floats (tests compare states bitwise).
+  std::span<const float> slot_floats(int32_t slot) const;
 
   // The per-sequence API (tests).
   std::unique_ptr<SequenceState> new_sequence() override;
@@ -114,15 +119,21 @@ class CpuBackend final : public Backend, public SequenceBackend {
   CpuBackend() = default;
   // The layers over every row of `tokens`; runs say which rows belong to which sequence. `head_rows` (sorted)
   // are the rows whose logits are appended to `logits`. `chunked`: the WY delta rule for runs of > 1 row.
+  // `normed`: every row's final-normed hidden state (what the MTP head reads).
   core::Status forward_rows(std::span<const int32_t> tokens, std::span<const RunMemory> runs,
                             std::span<const int64_t> head_rows, bool chunked, std::vector<float>& logits,
-                            ForwardTrace* trace);
+                            ForwardTrace* trace, std::vector<float>* normed = nullptr);
   void gated_deltanet(size_t layer, int64_t linear_idx, const float* x, std::span<const RunMemory> runs,
                       int64_t T, bool chunked, float* out);
-  void full_attention(size_t layer, int64_t attn_idx, const float* x, std::span<const RunMemory> runs,
-                      int64_t T, float* out);
-  void ffn(size_t layer, const float* x, int64_t T, float* out);
+  // A full-attention layer's attention (its KV in page store `attn_idx`) and any layer's FFN, over T rows.
+  void full_attention(const model::LayerWeights& L, const LayerConsts& k, int64_t attn_idx, const float* x,
+                      std::span<const RunMemory> runs, int64_t T, float* out);
+  void ffn(const model::LayerWeights& L, const LayerConsts& k, const float* x, int64_t T, float* out);
   SeqMemory slot_memory(int32_t slot, std::span<const int32_t> pages);
+  // The MTP head over T rows: next-token ids, the main model's final hidden states (or the head's own output
+  // when chaining drafts), positions from the runs; writes the head's normed output (T x hidden).
+  void mtp_rows(std::span<const int32_t> next_ids, const float* hidden, std::span<const RunMemory> runs,
+                float* out);
   core::Status check_step(const Step& step) const;
 
   model::TextConfig config_;
@@ -131,6 +142,8 @@ class CpuBackend final : public Backend, public SequenceBackend {
   model::ModelWeights weights_;
   std::vector<LayerConsts> consts_;
   std::vector<float> final_norm_;
+  LayerConsts mtp_consts_;  // the MTP decoder layer's norms, and its norms before fc and after the layer
+  std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_, mtp_norm_;
   std::vector<float> inv_freq_;      // RoPE, rotary_dim / 2 entries
   std::vector<int64_t> type_index_;  // layer -> index among layers of its type
   int64_t n_linear_ = 0, n_full_ = 0;
@@ -143,6 +156,11 @@ class CpuBackend final : public Backend, public SequenceBackend {
   std::vector<std::unique_ptr<float[]>> k_pages_;  // per full-attention layer: [page][page_size][kv_row]
   std::vector<std::unique_ptr<float[]>> v_pages_;
   std::vector<float> work_;  // sampling scratch
+  // Drafting (allocated with PoolRequest::draft): the MTP layer's KV is page store n_full_, and the last
+  // step's tokens and final (normed) hidden states stay for draft().
+  bool draft_ = false;
+  std::vector<int32_t> last_tokens_;
+  std::vector<float> last_hidden_;
 };
 
 }  // namespace deltaflow::backend::cpu
