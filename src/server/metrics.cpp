@@ -131,6 +131,18 @@ std::string Metrics::render(const QueueState& q) const {
   header(out, "deltaflow_num_preemptions_total", "counter",
          "Running sequences preempted (to be recomputed) when the KV pages ran out.");
   out += "deltaflow_num_preemptions_total " + std::to_string(q.preemptions) + "\n";
+  header(
+      out, "deltaflow_spec_decode_draft_tokens_total", "counter",
+      "Speculative decoding: tokens the MTP head drafted and the model verified, by draft position (1: the "
+      "first drafted token of a step).");
+  for (size_t k = 0; k < q.drafted_at.size(); ++k)
+    out += "deltaflow_spec_decode_draft_tokens_total{position=\"" + std::to_string(k + 1) + "\"} " +
+           std::to_string(q.drafted_at[k]) + "\n";
+  header(out, "deltaflow_spec_decode_accepted_tokens_total", "counter",
+         "Speculative decoding: drafted tokens the model accepted, by draft position.");
+  for (size_t k = 0; k < q.accepted_at.size(); ++k)
+    out += "deltaflow_spec_decode_accepted_tokens_total{position=\"" + std::to_string(k + 1) + "\"} " +
+           std::to_string(q.accepted_at[k]) + "\n";
   header(out, "deltaflow_time_to_first_token_seconds", "histogram",
          "From request arrival to the first generated token.");
   ttft_.render("deltaflow_time_to_first_token_seconds", out);

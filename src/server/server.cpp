@@ -159,6 +159,8 @@ core::Status serve(const ServeOptions& o) {
       q.prefix_cache_bytes = st.prefix_cache_bytes;
       q.prefix_evictions = st.prefix_evictions;
       q.preemptions = st.preemptions;
+      q.drafted_at = st.drafted_at;
+      q.accepted_at = st.accepted_at;
     }
     res.set_content(ctx.metrics.render(q), "text/plain; version=0.0.4; charset=utf-8");
   });
