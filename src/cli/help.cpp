@@ -155,13 +155,18 @@ const std::map<std::string, Help>& table() {
          {"--seed N", "weights seed (default 0)"},
          {"--out DIR", "output directory (required)"}}}},
       {"quantize",
-       {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4",
-        "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4), "
-        "with the\n"
-        "config and tokenizer files copied; our loader and transformers both read it.",
+       {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4|nvfp4-mixed [--calibration FILE]",
+        "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4 and\n"
+        "MIXED_PRECISION), with the config and tokenizer files copied; our loader and transformers both read "
+        "it.",
         {{"--model DIR", "the BF16 / F16 / F32 checkpoint to quantize (required)"},
          {"--out DIR", "output directory (required)"},
-         {"--format NAME", "fp8-block or nvfp4 (required)"}}}},
+         {"--format NAME",
+          "fp8-block, nvfp4 (W4A16), or nvfp4-mixed (FP8 W8A8 attention projections, W4A16 MLP and lm_head; "
+          "required)"},
+         {"--calibration FILE",
+          "nvfp4-mixed's input scales: text (512-token windows) or {\"ids\": [[...]]} .json (default: 4 "
+          "seeded random windows)"}}}},
       {"serve",
        {"deltaflow serve [--model DIR] [--host H] [--port N] [options]",
         "OpenAI- and Ollama-compatible HTTP server, with a chat page at /.",

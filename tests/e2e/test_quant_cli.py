@@ -21,7 +21,8 @@ def test_inspect_shows_each_tensors_format_and_bytes_per_token():
 
 
 def test_quantize_writes_a_checkpoint_inspect_reads(tiny_models, tmp_path):
-    for fmt, summary in (("nvfp4", "modelopt W4A16_NVFP4"), ("fp8-block", "fp8 block 128x128")):
+    for fmt, summary in (("nvfp4", "modelopt W4A16_NVFP4"), ("fp8-block", "fp8 block 128x128"),
+                         ("nvfp4-mixed", "MIXED_PRECISION")):
         out = tmp_path / fmt
         run("quantize", "--model", tiny_models["moe"], "--out", out, "--format", fmt)
         assert (out / "tokenizer.json").exists()
@@ -29,8 +30,13 @@ def test_quantize_writes_a_checkpoint_inspect_reads(tiny_models, tmp_path):
 
 
 def test_quantize_errors_are_one_line(tiny_models, tmp_path):
+    bad_ids = tmp_path / "calib.json"
+    bad_ids.write_text('{"ids": [[1, 2, 99999]]}')
     for args, needle in ((["--format", "int4"], "format 'int4' is not supported"),
-                         (["--format", "nvfp4-mixed"], "nvfp4-mixed is not written yet")):
+                         (["--format", "nvfp4", "--calibration", bad_ids], "--calibration is for --format nvfp4-mixed"),
+                         (["--format", "nvfp4-mixed", "--calibration", bad_ids], "outside the vocabulary"),
+                         (["--format", "nvfp4-mixed", "--calibration", tmp_path / "missing.txt"],
+                          "cannot read the calibration file")):
         p = run("quantize", "--model", tiny_models["dense"], "--out", tmp_path / "x", *args, check=False)
         assert p.returncode != 0
         lines = p.stderr.strip().splitlines()

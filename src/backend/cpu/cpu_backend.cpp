@@ -92,6 +92,8 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
   std::vector<float> qkv(static_cast<size_t>(T * C)), conv(static_cast<size_t>(T * C));
   std::vector<float> z(static_cast<size_t>(T * vd)), bb(static_cast<size_t>(T * nv)),
       aa(static_cast<size_t>(T * nv));
+  note_input(W.in_proj_qkv, x, T * c.hidden_size);
+  note_input(W.in_proj_z, x, T * c.hidden_size);
   linear(x, T, W.in_proj_qkv, qkv.data());
   linear(x, T, W.in_proj_z, z.data());
   linear(x, T, W.in_proj_b, bb.data());
@@ -202,6 +204,7 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
   // Gated RMSNorm per head (plain weight), times SiLU(z); then out_proj.
   rmsnorm(o.data(), T * nv, dv, k.gdn_norm.data(), c.rms_norm_eps, o.data());
   for (int64_t i = 0; i < T * vd; ++i) o[i] *= silu(z[i]);
+  note_input(W.out_proj, o.data(), T * vd);
   linear(o.data(), T, W.out_proj, out);
 }
 
@@ -214,6 +217,7 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
 
   std::vector<float> qg(static_cast<size_t>(T * nh * qw)), kx(static_cast<size_t>(T * kvw)),
       vx(static_cast<size_t>(T * kvw));
+  for (const auto* m : {&W.q_proj, &W.k_proj, &W.v_proj}) note_input(*m, x, T * c.hidden_size);
   linear(x, T, W.q_proj, qg.data());
   linear(x, T, W.k_proj, kx.data());
   linear(x, T, W.v_proj, vx.data());
@@ -269,6 +273,7 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
   });
   if (c.attn_output_gate)
     for (int64_t i = 0; i < T * nh * hd; ++i) o[i] *= sigmoid(gate[i]);  // elementwise output gate
+  note_input(W.o_proj, o.data(), T * nh * hd);
   linear(o.data(), T, W.o_proj, out);
 }
 
@@ -380,6 +385,17 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
   logits.resize(off + static_cast<size_t>(rows * V));
   linear(xn.data(), rows, weights_.lm_head, logits.data() + off);
   return core::Status();
+}
+
+void CpuBackend::note_input(const model::Mat& W, const float* x, int64_t n) {
+  if (!input_amax_ || !W.name) return;
+  float m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  std::string module = *W.name;
+  if (module.size() > 7 && module.compare(module.size() - 7, 7, ".weight") == 0)
+    module.resize(module.size() - 7);
+  float& slot = (*input_amax_)[module];
+  slot = std::max(slot, m);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

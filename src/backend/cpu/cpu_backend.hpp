@@ -13,6 +13,7 @@
 // tests use to hold it to transformers' goldens and to run it beside the CUDA backend.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,6 +102,9 @@ class CpuBackend final : public Backend, public SequenceBackend {
   core::Status draft(std::span<const DraftRun> runs, DraftOut& out) override;
   // A state slot's floats (tests compare states bitwise).
   std::span<const float> slot_floats(int32_t slot) const;
+  // Calibration (`deltaflow quantize --format nvfp4-mixed`): while set, the largest |input| of every
+  // attention projection is recorded, by module name (the weight's checkpoint name without ".weight").
+  void record_input_amax(std::map<std::string, float>* out) { input_amax_ = out; }
 
   // The per-sequence API (tests).
   std::unique_ptr<SequenceState> new_sequence() override;
@@ -156,6 +160,8 @@ class CpuBackend final : public Backend, public SequenceBackend {
   std::vector<std::unique_ptr<float[]>> k_pages_;  // per full-attention layer: [page][page_size][kv_row]
   std::vector<std::unique_ptr<float[]>> v_pages_;
   std::vector<float> work_;  // sampling scratch
+  std::map<std::string, float>* input_amax_ = nullptr;
+  void note_input(const model::Mat& W, const float* x, int64_t n);
   // Drafting (allocated with PoolRequest::draft): the MTP layer's KV is page store n_full_, and the last
   // step's tokens and final (normed) hidden states stay for draft().
   bool draft_ = false;

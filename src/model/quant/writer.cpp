@@ -42,12 +42,19 @@ std::vector<uint8_t> bytes_of(const void* p, size_t n) {
 
 }  // namespace
 
+bool needs_calibration(const std::string& format) {
+  return format == "nvfp4-mixed";
+}
+
 core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, const ModelWeights& w,
                                                         const io::Checkpoint& ck, const std::string& format,
-                                                        const std::function<void(size_t, size_t)>& progress) {
-  if (format != "nvfp4" && format != "fp8-block")
-    return core::Error{"format '" + format +
-                       "' is not supported (supported: nvfp4, fp8-block; nvfp4-mixed is not written yet)"};
+                                                        const std::function<void(size_t, size_t)>& progress,
+                                                        const InputAmax* input_amax) {
+  if (format != "nvfp4" && format != "fp8-block" && format != "nvfp4-mixed")
+    return core::Error{"format '" + format + "' is not supported (supported: nvfp4, nvfp4-mixed, fp8-block)"};
+  const bool mixed = format == "nvfp4-mixed";
+  if (mixed && !input_amax)
+    return core::Error{"format nvfp4-mixed needs calibration (input amax per module)"};
   if (c.quant.quantized())
     return core::Error{ck.dir() + ": already quantized (" + c.quant.summary +
                        "); quantize a float checkpoint"};
@@ -79,6 +86,16 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
       mlp_groups(lp + "mlp.", L.mlp, groups);
     }
   }
+  // nvfp4-mixed: the lm_head too, unless it is the embedding matrix (tied: it stays bf16).
+  const std::string lm_module = pre == "language_model.model." ? "language_model.lm_head" : "lm_head";
+  if (mixed && !c.tie_word_embeddings) groups.push_back({{lm_module, &w.lm_head}});
+  // The FP8 (W8A8) members of nvfp4-mixed: the attention projections.
+  auto is_fp8 = [&](const std::string& module) {
+    return mixed && (module.find(".self_attn.") != std::string::npos ||
+                     module.find(".linear_attn.") != std::string::npos);
+  };
+  ordered_json layers = ordered_json::object(), fp8_targets = ordered_json::array(),
+               fp4_targets = ordered_json::array();
   size_t total = 0, done = 0;
   for (const auto& g : groups) total += g.size();
 
@@ -96,7 +113,24 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
       const Mat& m = *g[j].mat;
       const int64_t N = m.rows, K = m.cols;
       const std::string& mod = g[j].module;
-      if (format == "nvfp4") {
+      if (is_fp8(mod)) {
+        // ModelOpt's FP8 per-tensor export: scale = amax / 448 of this matrix alone, e4m3 of the bf16-rounded
+        // quotient; the input scale is the calibrated input amax / 448 (shared by a fused group's members,
+        // which read the same input).
+        const auto it = input_amax->find(mod);
+        if (it == input_amax->end() || !(it->second > 0))
+          return core::Error{"calibration saw no input for module '" + mod + "'"};
+        const float scale = abs_max(vals[j].data(), vals[j].size()) / 448.0f;
+        std::vector<uint8_t> q(vals[j].size());
+        for (size_t i = 0; i < q.size(); ++i)
+          q[i] = f32_to_e4m3(scale > 0 ? core::round_bf16(vals[j][i] / scale) : 0.0f);
+        const float in_scale = it->second / 448.0f;
+        out.tensors.push_back({mod + ".weight", core::DType::kF8E4M3, {N, K}, std::move(q)});
+        out.tensors.push_back({mod + ".weight_scale", core::DType::kF32, {}, bytes_of(&scale, 4)});
+        out.tensors.push_back({mod + ".input_scale", core::DType::kF32, {}, bytes_of(&in_scale, 4)});
+        layers[mod] = {{"quant_algo", "FP8"}};
+        fp8_targets.push_back(mod);
+      } else if (format == "nvfp4" || mixed) {
         if (K % kNvfp4Group != 0)
           return core::Error{"tensor '" + mod + ".weight' has " + std::to_string(K) +
                              " columns, NVFP4 needs a multiple of 16"};
@@ -105,6 +139,8 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
         out.tensors.push_back(
             {mod + ".weight_scale", core::DType::kF8E4M3, {N, K / kNvfp4Group}, std::move(q.scale)});
         out.tensors.push_back({mod + ".weight_scale_2", core::DType::kF32, {}, bytes_of(&q.scale_2, 4)});
+        layers[mod] = {{"quant_algo", "W4A16_NVFP4"}, {"group_size", 16}};
+        fp4_targets.push_back(mod);
       } else {
         Fp8BlockWeight q = quantize_fp8_block(vals[j].data(), N, K);
         const int64_t bn = (N + kFp8Block - 1) / kFp8Block, bk = (K + kFp8Block - 1) / kFp8Block;
@@ -124,7 +160,7 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
 
   // ModelOpt's default exclusions that this model has (its export lists them by name).
   ordered_json ignore = ordered_json::array();
-  ignore.push_back(pre == "language_model.model." ? "language_model.lm_head" : "lm_head");
+  if (!mixed || c.tie_word_embeddings) ignore.push_back(lm_module);
   ignore.push_back(pre + "embed_tokens");
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const std::string lp = pre + "layers." + std::to_string(i) + ".";
@@ -135,8 +171,33 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
       for (const char* m : {"mlp.gate", "mlp.shared_expert_gate"}) ignore.push_back(lp + m);
   }
   ignore.push_back("mtp*");
-  if (format == "nvfp4") {
-    const ordered_json producer = {{"name", "modelopt"}, {"version", "0.47.0"}};
+  const ordered_json producer = {{"name", "modelopt"}, {"version", "0.47.0"}};
+  if (mixed) {
+    // As ModelOpt 0.47 writes MIXED_PRECISION: the per-module algorithms, in hf_quant_config.json and in
+    // config.json's quantization_config (config groups of W8A8 FP8 and W4A16 NVFP4 targets).
+    ordered_json hq = {
+        {"producer", producer},
+        {"quantization",
+         {{"quant_algo", "MIXED_PRECISION"},
+          {"kv_cache_quant_algo", nullptr},
+          {"quantized_layers", layers},
+          {"exclude_modules", ignore}}},
+        {"quantized_by", "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical weights)"}};
+    out.hf_quant_config = hq.dump(4);
+    const ordered_json fp8 = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
+    ordered_json qc = {
+        {"config_groups",
+         {{"group_0", {{"input_activations", fp8}, {"weights", fp8}, {"targets", fp8_targets}}},
+          {"group_1",
+           {{"weights", {{"dynamic", false}, {"num_bits", 4}, {"type", "float"}, {"group_size", 16}}},
+            {"targets", fp4_targets}}}}},
+        {"quantized_layers", layers},
+        {"ignore", ignore},
+        {"quant_algo", "MIXED_PRECISION"},
+        {"producer", producer},
+        {"quant_method", "modelopt"}};
+    out.quantization_config = qc.dump();
+  } else if (format == "nvfp4") {
     ordered_json hq = {{"producer", producer},
                        {"quantization",
                         {{"quant_algo", "W4A16_NVFP4"},
@@ -172,7 +233,8 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
 
 core::Status write_quantized_checkpoint(const std::string& model_dir, const std::string& out_dir,
                                         const std::string& format,
-                                        const std::function<void(size_t, size_t)>& progress) {
+                                        const std::function<void(size_t, size_t)>& progress,
+                                        const InputAmax* input_amax) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec))
@@ -180,7 +242,7 @@ core::Status write_quantized_checkpoint(const std::string& model_dir, const std:
   DF_ASSIGN(TextConfig c, load_text_config(model_dir));
   DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(model_dir));
   DF_ASSIGN(ModelWeights w, bind_weights(c, ck));
-  DF_ASSIGN(QuantizedCheckpoint q, quantize_checkpoint(c, w, ck, format, progress));
+  DF_ASSIGN(QuantizedCheckpoint q, quantize_checkpoint(c, w, ck, format, progress, input_amax));
   fs::create_directories(out_dir, ec);
   if (ec) return core::Error{out_dir + ": cannot create: " + ec.message()};
   DF_TRY(io::write_safetensors(out_dir + "/model.safetensors", q.tensors, {{"format", "pt"}}));
