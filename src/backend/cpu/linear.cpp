@@ -1,0 +1,256 @@
+// linear(): y[T, N] = x[T, K] @ W^T, the hot loop of the CPU backend.
+//
+// Two kernels, picked once per process from the CPU (never from T or the data):
+//   kAvx2      x86-64 with AVX2 and FMA. Register-blocked: up to 4 rows of x against up to 8 weight rows at
+//              once, bf16 widened to fp32 in registers (a shift by 16), so every weight load serves several
+//              FMAs and the 8 rows of a decode step cost little more than one.
+//   kPortable  anything else: each weight row converted to fp32, then an 8-partial-sum dot per row of x.
+//
+// Batch invariance (tests/unit/engine_batching_test.cpp checks it bitwise): y[t, n] depends on row t of x and
+// row n of W only. Every dot of a kernel, whatever block it falls in, runs the same arithmetic: one 8-lane
+// accumulator (kAvx2) or 8 partial sums (kPortable) over K in order, the last partial group zero-padded, and
+// one fixed horizontal sum. The blocking only decides how many dots run side by side.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/ops.hpp"
+#include "core/threads.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DF_LINEAR_X86 1
+#else
+#define DF_LINEAR_X86 0
+#endif
+
+namespace deltaflow::backend::cpu {
+namespace {
+
+// Weight rows per block of work: one block is converted (generic dtypes) or read (bf16 / f32) once and
+// dotted with every row of x.
+constexpr int64_t kRowsPerBlock = 8;
+
+// ---------------------------------------------------------------------------------------------------------
+// Portable kernel
+
+// fp32 dot product with 8 partial sums, so the compiler can vectorise it without -ffast-math.
+float dot8(const float* a, const float* b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+void linear_portable(const float* x, int64_t T, const Mat& W, float* y) {
+  const int64_t N = W.rows, K = W.cols;
+  core::parallel_for(static_cast<size_t>(N), 16, [&](size_t b, size_t e) {
+    std::vector<float> w(static_cast<size_t>(K));
+    for (size_t n = b; n < e; ++n) {
+      load_row(W, static_cast<int64_t>(n), w.data());
+      for (int64_t t = 0; t < T; ++t) y[t * N + static_cast<int64_t>(n)] = dot8(x + t * K, w.data(), K);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX2 + FMA kernel (compiled for that target whatever the build flags; run only where the CPU has it)
+
+#if DF_LINEAR_X86
+#define DF_AVX2 __attribute__((target("avx2,fma")))
+
+DF_AVX2 inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+DF_AVX2 inline __m256 load8(const uint16_t* p) {  // 8 bf16 -> 8 fp32, exactly
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The last K % 8 elements, zero-padded to 8 (a zero product leaves the accumulator as it was).
+inline float to_f32(float v) {
+  return v;
+}
+inline float to_f32(uint16_t v) {
+  return core::bf16_to_f32(v);
+}
+template <typename E>
+DF_AVX2 inline __m256 load_tail(const E* p, int64_t n) {
+  alignas(32) float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) buf[i] = to_f32(p[i]);
+  return _mm256_load_ps(buf);
+}
+
+// The one horizontal sum every dot ends with: (lo + hi), then pairs, then the last two.
+DF_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[r * ldy + c] = dot(x row r, w row c) for r < R, c < C; x rows K apart, w rows ldw apart.
+template <int R, int C, typename WT>
+DF_AVX2 void block(const float* x, int64_t K, const WT* w, int64_t ldw, float* y, int64_t ldy) {
+  __m256 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) wv[c] = load8(w + c * ldw + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  if (k < K) {
+    const int64_t n = K - k;
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load_tail(w + c * ldw + k, n);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = load_tail(x + r * K + k, n);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
+}
+
+// Rows [t0, t1) of x against the nc <= 8 weight rows at w (rows K apart), into y (row stride N, column 0 =
+// the first of the nc weight rows). 4 rows of x at a time; the 1-3 left over pair with more weight rows so a
+// block keeps 6-8 accumulators in flight.
+template <typename WT>
+DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, const WT* w, int64_t nc,
+                           float* y, int64_t N) {
+  if (nc == kRowsPerBlock) {
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4)
+      for (int64_t c = 0; c < 8; c += 2) block<4, 2>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    switch (t1 - t) {
+      case 3:
+        for (int64_t c = 0; c < 8; c += 2) block<3, 2>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 2:
+        for (int64_t c = 0; c < 8; c += 4) block<2, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 1:
+        block<1, 8>(x + t * K, K, w, K, y + t * N, N);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  for (int64_t c = 0; c < nc; ++c) {
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4) block<4, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    switch (t1 - t) {
+      case 3:
+        block<3, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 2:
+        block<2, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 1:
+        block<1, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// Weight rows [nb, ne) read in place (bf16 or f32). Rows of x in tiles of 64 (a tile stays in L2 while the
+// weight rows stream past it).
+template <typename WT>
+DF_AVX2 void range_direct(const float* x, int64_t T, const WT* w, int64_t K, int64_t N, int64_t nb,
+                          int64_t ne, float* y) {
+  constexpr int64_t kTile = 64;
+  for (int64_t t0 = 0; t0 < T; t0 += kTile) {
+    const int64_t t1 = std::min(T, t0 + kTile);
+    for (int64_t n = nb; n < ne; n += kRowsPerBlock)
+      rows_by_block(x, t0, t1, K, w + n * K, std::min(kRowsPerBlock, ne - n), y + n, N);
+  }
+}
+
+// Other dtypes and quantized weights: each block of weight rows converted to fp32 once (into scratch).
+DF_AVX2 void range_converted(const float* x, int64_t T, const Mat& W, int64_t nb, int64_t ne, float* scratch,
+                             float* y) {
+  const int64_t K = W.cols, N = W.rows;
+  for (int64_t n = nb; n < ne; n += kRowsPerBlock) {
+    const int64_t nc = std::min(kRowsPerBlock, ne - n);
+    for (int64_t c = 0; c < nc; ++c) load_row(W, n + c, scratch + c * K);
+    rows_by_block<float>(x, 0, T, K, scratch, nc, y + n, N);
+  }
+}
+
+void linear_avx2(const float* x, int64_t T, const Mat& W, float* y) {
+  const int64_t N = W.rows, K = W.cols;
+  const size_t blocks = static_cast<size_t>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const bool bf16 = !W.quantized() && W.dtype == core::DType::kBF16;
+  const bool f32 = !W.quantized() && W.dtype == core::DType::kF32;
+  core::parallel_for(blocks, 2, [&](size_t b, size_t e) {
+    const int64_t nb = static_cast<int64_t>(b) * kRowsPerBlock;
+    const int64_t ne = std::min(N, static_cast<int64_t>(e) * kRowsPerBlock);
+    if (bf16) {
+      range_direct(x, T, static_cast<const uint16_t*>(W.data), K, N, nb, ne, y);
+    } else if (f32) {
+      range_direct(x, T, static_cast<const float*>(W.data), K, N, nb, ne, y);
+    } else {
+      std::vector<float> scratch(static_cast<size_t>(kRowsPerBlock * K));
+      range_converted(x, T, W, nb, ne, scratch.data(), y);
+    }
+  });
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+}
+#endif  // DF_LINEAR_X86
+
+}  // namespace
+
+LinearKernel linear_kernel() {
+#if DF_LINEAR_X86
+  if (cpu_has_avx2_fma()) return LinearKernel::kAvx2;
+#endif
+  return LinearKernel::kPortable;
+}
+
+bool linear_kernel_supported(LinearKernel k) {
+  return k == LinearKernel::kPortable || k == linear_kernel();
+}
+
+void linear(const float* x, int64_t T, const Mat& W, float* y, LinearKernel k) {
+  if (T <= 0 || W.rows <= 0) return;
+#if DF_LINEAR_X86
+  if (k == LinearKernel::kAvx2 && cpu_has_avx2_fma()) {
+    linear_avx2(x, T, W, y);
+    return;
+  }
+#endif
+  (void)k;
+  linear_portable(x, T, W, y);
+}
+
+void linear(const float* x, int64_t T, const Mat& W, float* y) {
+  static const LinearKernel k = linear_kernel();
+  linear(x, T, W, y, k);
+}
+
+}  // namespace deltaflow::backend::cpu
