@@ -1,9 +1,9 @@
 // linear(): y[T, N] = x[T, K] @ W^T, the hot loop of the CPU backend.
 //
 // Two kernels, picked once per process from the CPU (never from T or the data):
-//   kAvx2      x86-64 with AVX2 and FMA. Register-blocked: up to 4 rows of x against up to 8 weight rows at
-//              once, bf16 widened to fp32 in registers (a shift by 16), so every weight load serves several
-//              FMAs and the 8 rows of a decode step cost little more than one.
+//   kAvx2      x86-64 with AVX2 and FMA. Register-blocked: 3 rows of x against 4 weight rows at once (1-2
+//              leftover rows against 4-8), bf16 widened to fp32 in registers (a shift by 16), so each load
+//              of x or W feeds several FMAs and the 8 rows of a decode step cost far less than 8 steps.
 //   kPortable  anything else: each weight row converted to fp32, then an 8-partial-sum dot per row of x.
 //
 // Batch invariance (tests/unit/engine_batching_test.cpp checks it bitwise): y[t, n] depends on row t of x and
@@ -102,14 +102,14 @@ DF_AVX2 void block(const float* x, int64_t K, const WT* w, int64_t ldw, float* y
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
-    __m256 wv[C];
+    __m256 xv[R];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) wv[c] = load8(w + c * ldw + k);
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * K + k);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+    for (int c = 0; c < C; ++c) {
+      const __m256 wv = load8(w + c * ldw + k);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
   if (k < K) {
@@ -128,27 +128,19 @@ DF_AVX2 void block(const float* x, int64_t K, const WT* w, int64_t ldw, float* y
 }
 
 // Rows [t0, t1) of x against the nc <= 8 weight rows at w (rows K apart), into y (row stride N, column 0 =
-// the first of the nc weight rows). 4 rows of x at a time; the 1-3 left over pair with more weight rows so a
-// block keeps 6-8 accumulators in flight.
+// the first of the nc weight rows). 3 rows of x against 4 weight rows at a time: 12 accumulators, and each
+// load (3 of x, 4 of w) feeds 3-4 FMAs. The 1-2 rows left over take 8 or 4 weight rows at once.
 template <typename WT>
 DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, const WT* w, int64_t nc,
                            float* y, int64_t N) {
   if (nc == kRowsPerBlock) {
     int64_t t = t0;
-    for (; t + 4 <= t1; t += 4)
-      for (int64_t c = 0; c < 8; c += 2) block<4, 2>(x + t * K, K, w + c * K, K, y + t * N + c, N);
-    switch (t1 - t) {
-      case 3:
-        for (int64_t c = 0; c < 8; c += 2) block<3, 2>(x + t * K, K, w + c * K, K, y + t * N + c, N);
-        break;
-      case 2:
-        for (int64_t c = 0; c < 8; c += 4) block<2, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
-        break;
-      case 1:
-        block<1, 8>(x + t * K, K, w, K, y + t * N, N);
-        break;
-      default:
-        break;
+    for (; t + 3 <= t1; t += 3)
+      for (int64_t c = 0; c < 8; c += 4) block<3, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    if (t1 - t == 2) {
+      for (int64_t c = 0; c < 8; c += 4) block<2, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    } else if (t1 - t == 1) {
+      block<1, 8>(x + t * K, K, w, K, y + t * N, N);
     }
     return;
   }
