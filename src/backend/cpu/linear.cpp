@@ -12,6 +12,7 @@
 // one fixed horizontal sum. The blocking only decides how many dots run side by side.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
@@ -27,9 +28,12 @@
 namespace deltaflow::backend::cpu {
 namespace {
 
-// Weight rows per block of work: one block is converted (generic dtypes) or read (bf16 / f32) once and
-// dotted with every row of x.
+// Weight rows per block of work: one block is read (bf16 / f32) or converted (other dtypes) once and dotted
+// with every row of x. bf16 blocks read in place are 12 rows (4 x 3 register blocks), f32 blocks 8 (3 x 4);
+// threads split the rows in units of 24, a multiple of both.
 constexpr int64_t kRowsPerBlock = 8;
+constexpr int64_t kBf16RowsPerBlock = 12;
+constexpr int64_t kRowsPerUnit = 24;
 
 // ---------------------------------------------------------------------------------------------------------
 // Portable kernel
@@ -96,19 +100,19 @@ DF_AVX2 inline float hsum(__m256 v) {
 template <int R, int C, typename WT>
 DF_AVX2 void block(const float* x, int64_t K, const WT* w, int64_t ldw, float* y, int64_t ldy) {
   __m256 acc[R][C];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 xv[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * K + k);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int c = 0; c < C; ++c) {
       const __m256 wv = load8(w + c * ldw + k);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
@@ -121,17 +125,16 @@ DF_AVX2 void block(const float* x, int64_t K, const WT* w, int64_t ldw, float* y
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
 }
 
-// Rows [t0, t1) of x against the nc <= 8 weight rows at w (rows K apart), into y (row stride N, column 0 =
-// the first of the nc weight rows). 3 rows of x against 4 weight rows at a time: 12 accumulators, and each
-// load (3 of x, 4 of w) feeds 3-4 FMAs. The 1-2 rows left over take 8 or 4 weight rows at once.
-template <typename WT>
-DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, const WT* w, int64_t nc,
+// f32 weights: rows [t0, t1) of x against the nc <= 8 weight rows at w (rows K apart), into y (row stride N,
+// column 0 = the first of the nc weight rows). 3 rows of x against 4 weight rows at a time: 12 accumulators,
+// and each load (3 of x, 4 of w) feeds 3-4 FMAs. The 1-2 rows left over take 8 or 4 weight rows at once.
+DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, const float* w, int64_t nc,
                            float* y, int64_t N) {
   if (nc == kRowsPerBlock) {
     int64_t t = t0;
@@ -163,23 +166,78 @@ DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, co
   }
 }
 
+// bf16 weights: rows [t0, t1) of x against the nc <= 12 weight rows at w (rows K apart), into y as above. A
+// full block: 4 rows of x against 3 weight rows at a time (12 accumulators; each x load feeds 3 FMAs, each
+// widened weight vector 4, so a weight is widened once per 4 rows of x); the 1-3 rows left over take 4, 6
+// or 12 weight rows at once. A partial block: 4 weight rows at a time, then single rows.
+DF_AVX2 void rows_by_block(const float* x, int64_t t0, int64_t t1, int64_t K, const uint16_t* w, int64_t nc,
+                           float* y, int64_t N) {
+  if (nc == kBf16RowsPerBlock) {
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4)
+      for (int64_t c = 0; c < 12; c += 3) block<4, 3>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    switch (t1 - t) {
+      case 3:
+        for (int64_t c = 0; c < 12; c += 4) block<3, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 2:
+        for (int64_t c = 0; c < 12; c += 6) block<2, 6>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 1:
+        block<1, 12>(x + t * K, K, w, K, y + t * N, N);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  int64_t c = 0;
+  for (; c + 4 <= nc; c += 4) {
+    int64_t t = t0;
+    for (; t + 3 <= t1; t += 3) block<3, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    if (t1 - t == 2) {
+      block<2, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    } else if (t1 - t == 1) {
+      block<1, 4>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    }
+  }
+  for (; c < nc; ++c) {
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4) block<4, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+    switch (t1 - t) {
+      case 3:
+        block<3, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 2:
+        block<2, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      case 1:
+        block<1, 1>(x + t * K, K, w + c * K, K, y + t * N + c, N);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 // Weight rows [nb, ne) read in place (bf16 or f32). Rows of x in tiles of 64 (a tile stays in L2 while the
 // weight rows stream past it).
 template <typename WT>
 DF_AVX2 void range_direct(const float* x, int64_t T, const WT* w, int64_t K, int64_t N, int64_t nb,
                           int64_t ne, float* y) {
   constexpr int64_t kTile = 64;
+  constexpr int64_t kRows = std::is_same_v<WT, uint16_t> ? kBf16RowsPerBlock : kRowsPerBlock;
   for (int64_t t0 = 0; t0 < T; t0 += kTile) {
     const int64_t t1 = std::min(T, t0 + kTile);
-    for (int64_t n = nb; n < ne; n += kRowsPerBlock) {
+    for (int64_t n = nb; n < ne; n += kRows) {
       // The next block's weights into L1 while this one computes: short row streams that the hardware
       // prefetcher is slow to pick up (8-row decode steps ~20% faster when the weights come from DRAM).
-      if (n + kRowsPerBlock < ne) {
-        const char* p = reinterpret_cast<const char*>(w + (n + kRowsPerBlock) * K);
-        const int64_t bytes = std::min(kRowsPerBlock, ne - n - kRowsPerBlock) * K * int64_t{sizeof(WT)};
+      if (n + kRows < ne) {
+        const char* p = reinterpret_cast<const char*>(w + (n + kRows) * K);
+        const int64_t bytes = std::min(kRows, ne - n - kRows) * K * int64_t{sizeof(WT)};
         for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
       }
-      rows_by_block(x, t0, t1, K, w + n * K, std::min(kRowsPerBlock, ne - n), y + n, N);
+      rows_by_block(x, t0, t1, K, w + n * K, std::min(kRows, ne - n), y + n, N);
     }
   }
 }
@@ -209,7 +267,7 @@ DF_AVX2 void range_widened(const float* x, int64_t T, const uint16_t* w, int64_t
         for (; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, load8(src + k));
         for (; k < K; ++k) dst[k] = core::bf16_to_f32(src[k]);
       }
-      rows_by_block<float>(x, t0, t1, K, scratch, nc, y + n, N);
+      rows_by_block(x, t0, t1, K, scratch, nc, y + n, N);
     }
   }
 }
@@ -221,18 +279,18 @@ DF_AVX2 void range_converted(const float* x, int64_t T, const Mat& W, int64_t nb
   for (int64_t n = nb; n < ne; n += kRowsPerBlock) {
     const int64_t nc = std::min(kRowsPerBlock, ne - n);
     for (int64_t c = 0; c < nc; ++c) load_row(W, n + c, scratch + c * K);
-    rows_by_block<float>(x, 0, T, K, scratch, nc, y + n, N);
+    rows_by_block(x, 0, T, K, scratch, nc, y + n, N);
   }
 }
 
 void linear_avx2(const float* x, int64_t T, const Mat& W, float* y) {
   const int64_t N = W.rows, K = W.cols;
-  const size_t blocks = static_cast<size_t>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const size_t units = static_cast<size_t>((N + kRowsPerUnit - 1) / kRowsPerUnit);
   const bool bf16 = !W.quantized() && W.dtype == core::DType::kBF16;
   const bool f32 = !W.quantized() && W.dtype == core::DType::kF32;
-  core::parallel_for(blocks, 2, [&](size_t b, size_t e) {
-    const int64_t nb = static_cast<int64_t>(b) * kRowsPerBlock;
-    const int64_t ne = std::min(N, static_cast<int64_t>(e) * kRowsPerBlock);
+  core::parallel_for(units, 1, [&](size_t b, size_t e) {
+    const int64_t nb = static_cast<int64_t>(b) * kRowsPerUnit;
+    const int64_t ne = std::min(N, static_cast<int64_t>(e) * kRowsPerUnit);
     if (bf16 && T >= kWidenRows) {
       thread_local std::vector<float> scratch;  // one block of fp32 rows; no allocation once grown
       if (scratch.size() < static_cast<size_t>(kRowsPerBlock * K))
