@@ -1,9 +1,11 @@
 // linear(): y[T, N] = x[T, K] @ W^T, the hot loop of the CPU backend.
 //
 // Two kernels, picked once per process from the CPU (never from T or the data):
-//   kAvx2      x86-64 with AVX2 and FMA. Register-blocked: 3 rows of x against 4 weight rows at once (1-2
-//              leftover rows against 4-8), bf16 widened to fp32 in registers (a shift by 16), so each load
-//              of x or W feeds several FMAs and the 8 rows of a decode step cost far less than 8 steps.
+//   kAvx2      x86-64 with AVX2 and FMA. Register-blocked, 12 accumulators: bf16 weights 4 rows of x against
+//              3 weight rows, widened to fp32 in registers (a shift by 16); f32 weights (and bf16 widened a
+//              block at a time once T >= 24) 3 rows of x against 4 weight rows. Each load of x or W feeds
+//              3-4 FMAs, so the 8 rows of a decode step cost far less than 8 one-row steps. Weight blocks
+//              are prefetched one ahead; other dtypes and quantized weights are converted a block at a time.
 //   kPortable  anything else: each weight row converted to fp32, then an 8-partial-sum dot per row of x.
 //
 // Batch invariance (tests/unit/engine_batching_test.cpp checks it bitwise): y[t, n] depends on row t of x and
@@ -27,13 +29,6 @@
 
 namespace deltaflow::backend::cpu {
 namespace {
-
-// Weight rows per block of work: one block is read (bf16 / f32) or converted (other dtypes) once and dotted
-// with every row of x. bf16 blocks read in place are 12 rows (4 x 3 register blocks), f32 blocks 8 (3 x 4);
-// threads split the rows in units of 24, a multiple of both.
-constexpr int64_t kRowsPerBlock = 8;
-constexpr int64_t kBf16RowsPerBlock = 12;
-constexpr int64_t kRowsPerUnit = 24;
 
 // ---------------------------------------------------------------------------------------------------------
 // Portable kernel
@@ -65,6 +60,13 @@ void linear_portable(const float* x, int64_t T, const Mat& W, float* y) {
 
 #if DF_LINEAR_X86
 #define DF_AVX2 __attribute__((target("avx2,fma")))
+
+// Weight rows per block of work: one block is read (bf16 / f32) or converted (other dtypes) once and dotted
+// with every row of x. bf16 blocks read in place are 12 rows (4 x 3 register blocks), f32 blocks 8 (3 x 4);
+// threads split the rows in units of 24, a multiple of both.
+constexpr int64_t kRowsPerBlock = 8;
+constexpr int64_t kBf16RowsPerBlock = 12;
+constexpr int64_t kRowsPerUnit = 24;
 
 DF_AVX2 inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
