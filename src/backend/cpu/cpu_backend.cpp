@@ -71,6 +71,17 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
 
 namespace {
 
+// fn(i) for i in [0, n), split across the pool for prefill-sized n (element-wise work: the split changes no
+// number). Below kElementwiseGrain it runs inline: a decode step's few thousand elements are not worth a
+// wake-up of the pool.
+constexpr size_t kElementwiseGrain = 16384;
+template <typename F>
+void elementwise(int64_t n, F fn) {
+  core::parallel_for(static_cast<size_t>(n), kElementwiseGrain, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) fn(static_cast<int64_t>(i));
+  });
+}
+
 int64_t conv_floats(const model::TextConfig& c) {
   return c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
 }
@@ -202,7 +213,7 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
 
   // Gated RMSNorm per head (plain weight), times SiLU(z); then out_proj.
   rmsnorm(o.data(), T * nv, dv, k.gdn_norm.data(), c.rms_norm_eps, o.data());
-  for (int64_t i = 0; i < T * vd; ++i) o[i] *= silu(z[i]);
+  elementwise(T * vd, [&](int64_t i) { o[i] *= silu(z[i]); });
   linear(o.data(), T, W.out_proj, out);
 }
 
@@ -291,7 +302,7 @@ void CpuBackend::full_attention(size_t layer, int64_t ai, const float* x, std::s
     }
   });
   if (c.attn_output_gate)
-    for (int64_t i = 0; i < T * nh * hd; ++i) o[i] *= sigmoid(gate[i]);  // elementwise output gate
+    elementwise(T * nh * hd, [&](int64_t i) { o[i] *= sigmoid(gate[i]); });  // elementwise output gate
   linear(o.data(), T, W.o_proj, out);
 }
 
@@ -303,7 +314,7 @@ void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) {
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
   linear(x, T, m.gate_proj, g.data());
   linear(x, T, m.up_proj, u.data());
-  for (int64_t i = 0; i < T * I; ++i) g[i] = silu(g[i]) * u[i];
+  elementwise(T * I, [&](int64_t i) { g[i] = silu(g[i]) * u[i]; });
   linear(g.data(), T, m.down_proj, out);
 }
 
