@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__GLIBC__)
+#endif
+
 #include "backend/cpu/gated_deltanet.hpp"
 #include "backend/cpu/ops.hpp"
 #include "backend/host_sampling.hpp"
@@ -69,6 +72,17 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
 // Layers
 
 namespace {
+
+// fn(i) for i in [0, n), split across the pool for prefill-sized n (element-wise work: the split changes no
+// number). Below kElementwiseGrain it runs inline: a decode step's few thousand elements are not worth a
+// wake-up of the pool.
+constexpr size_t kElementwiseGrain = 16384;
+template <typename F>
+void elementwise(int64_t n, F fn) {
+  core::parallel_for(static_cast<size_t>(n), kElementwiseGrain, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) fn(static_cast<int64_t>(i));
+  });
+}
 
 int64_t conv_floats(const model::TextConfig& c) {
   return c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
@@ -203,7 +217,7 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
 
   // Gated RMSNorm per head (plain weight), times SiLU(z); then out_proj.
   rmsnorm(o.data(), T * nv, dv, k.gdn_norm.data(), c.rms_norm_eps, o.data());
-  for (int64_t i = 0; i < T * vd; ++i) o[i] *= silu(z[i]);
+  elementwise(T * vd, [&](int64_t i) { o[i] *= silu(z[i]); });
   note_input(W.out_proj, o.data(), T * vd);
   linear(o.data(), T, W.out_proj, out);
 }
@@ -257,22 +271,43 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
       const int64_t n = run.start_pos + (t - run.first_row) + 1;  // causal: keys 0 .. its position
       sc.resize(static_cast<size_t>(n));
       const float* qh = q.data() + (t * nh + h) * hd;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* kj = m.k[ai] + m.row_of(j) * kvw + kvh * hd;
+      auto key = [&](int64_t j) { return m.k[ai] + m.row_of(j) * kvw + kvh * hd; };
+      auto value = [&](int64_t j) { return m.v[ai] + m.row_of(j) * kvw + kvh * hd; };
+      // Scores 8 keys at a time: 8 independent sums instead of one long dependency chain. Each key's sum
+      // still runs over i in order, so every score is what the one-key loop gives.
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const float* kj[8];
+        for (int u = 0; u < 8; ++u) kj[u] = key(j + u);
+        float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t i = 0; i < hd; ++i)
+          for (int u = 0; u < 8; ++u) d[u] += qh[i] * kj[u][i];
+        for (int u = 0; u < 8; ++u) sc[j + u] = d[u] * scale;
+      }
+      for (; j < n; ++j) {
+        const float* kj = key(j);
         float d = 0;
         for (int64_t i = 0; i < hd; ++i) d += qh[i] * kj[i];
         sc[j] = d * scale;
       }
       softmax(sc.data(), n);
+      // o += p_j v_j over j in order, 4 values a pass over o (each element's additions in the same order).
       float* oh = o.data() + (t * nh + h) * hd;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vj = m.v[ai] + m.row_of(j) * kvw + kvh * hd;
+      j = 0;
+      for (; j + 4 <= n; j += 4) {
+        const float *v0 = value(j), *v1 = value(j + 1), *v2 = value(j + 2), *v3 = value(j + 3);
+        const float p0 = sc[j], p1 = sc[j + 1], p2 = sc[j + 2], p3 = sc[j + 3];
+        for (int64_t i = 0; i < hd; ++i)
+          oh[i] = (((oh[i] + p0 * v0[i]) + p1 * v1[i]) + p2 * v2[i]) + p3 * v3[i];
+      }
+      for (; j < n; ++j) {
+        const float* vj = value(j);
         for (int64_t i = 0; i < hd; ++i) oh[i] += sc[j] * vj[i];
       }
     }
   });
   if (c.attn_output_gate)
-    for (int64_t i = 0; i < T * nh * hd; ++i) o[i] *= sigmoid(gate[i]);  // elementwise output gate
+    elementwise(T * nh * hd, [&](int64_t i) { o[i] *= sigmoid(gate[i]); });  // elementwise output gate
   note_input(W.o_proj, o.data(), T * nh * hd);
   linear(o.data(), T, W.o_proj, out);
 }
@@ -285,7 +320,7 @@ void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) {
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
   linear(x, T, m.gate_proj, g.data());
   linear(x, T, m.up_proj, u.data());
-  for (int64_t i = 0; i < T * I; ++i) g[i] = silu(g[i]) * u[i];
+  elementwise(T * I, [&](int64_t i) { g[i] = silu(g[i]) * u[i]; });
   linear(g.data(), T, m.down_proj, out);
 }
 

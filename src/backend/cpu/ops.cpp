@@ -4,24 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/threads.hpp"
 #include "model/quant/dequant.hpp"
 
 namespace deltaflow::backend::cpu {
-namespace {
-
-// fp32 dot product with 8 partial sums, so the compiler can vectorise it without -ffast-math.
-float dot(const float* a, const float* b, int64_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
-}
-
-}  // namespace
 
 void load_row(const Mat& W, int64_t r, float* out) {
   if (W.quantized()) {
@@ -47,17 +32,6 @@ std::vector<float> load_all(const Mat& W) {
   std::vector<float> out(static_cast<size_t>(W.numel()));
   for (int64_t r = 0; r < W.rows; ++r) load_row(W, r, out.data() + r * W.cols);
   return out;
-}
-
-void linear(const float* x, int64_t T, const Mat& W, float* y) {
-  const int64_t N = W.rows, K = W.cols;
-  core::parallel_for(static_cast<size_t>(N), 16, [&](size_t b, size_t e) {
-    std::vector<float> w(static_cast<size_t>(K));
-    for (size_t n = b; n < e; ++n) {
-      load_row(W, static_cast<int64_t>(n), w.data());
-      for (int64_t t = 0; t < T; ++t) y[t * N + static_cast<int64_t>(n)] = dot(x + t * K, w.data(), K);
-    }
-  });
 }
 
 void rmsnorm_1p(const float* x, int64_t T, int64_t n, const float* w, double eps, float* y) {

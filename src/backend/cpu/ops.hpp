@@ -15,7 +15,17 @@ namespace deltaflow::backend::cpu {
 using model::Mat;
 
 // y[T, W.rows] = x[T, W.cols] @ W^T. Threads split the output columns (each weight row is read once).
+// y[t, n] is bit-identical whatever T, the other rows of x and the thread split (the engine's batch
+// invariance): every dot runs the same arithmetic. linear.cpp has the kernels.
 void linear(const float* x, int64_t T, const Mat& W, float* y);
+
+// The kernels linear() can run. It runs linear_kernel(), fixed per process by the CPU: kAvx2 on x86-64 with
+// AVX2 and FMA, else kPortable. The two round differently; each alone keeps the invariance above.
+enum class LinearKernel { kPortable, kAvx2 };
+LinearKernel linear_kernel();
+bool linear_kernel_supported(LinearKernel k);
+// linear() with kernel k (for tests; an unsupported k runs kPortable).
+void linear(const float* x, int64_t T, const Mat& W, float* y, LinearKernel k);
 
 // Row r of W as fp32 (quantized formats dequantized exactly).
 void load_row(const Mat& W, int64_t r, float* out);
