@@ -5,9 +5,6 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__GLIBC__)
-#endif
-
 #include "backend/cpu/gated_deltanet.hpp"
 #include "backend/cpu/ops.hpp"
 #include "backend/host_sampling.hpp"
