@@ -46,6 +46,13 @@ struct SamplingSpec {
   bool is_plain_greedy() const { return temperature <= 0.0f && !has_penalties(); }
 };
 
+// What the KV cache holds (`--kv-cache-dtype`). kAuto: the backend's own (fp32 on the CPU, bf16 on CUDA).
+// kBf16: values rounded to bf16. kFp8: E4M3 with an fp32 scale per (position, KV head) written with the
+// position: scale = amax over its head_dim values / 448, code = E4M3(x / scale) rounded to nearest even,
+// read back as code * scale (backend/kv_quant.hpp, the reference the kernels follow).
+enum class KvCacheDtype : uint8_t { kAuto, kBf16, kFp8 };
+const char* kv_cache_dtype_name(KvCacheDtype d);
+
 // What the engine asks a backend to allocate (one memory plan, at load).
 struct PoolRequest {
   int64_t kv_pages = 0;       // KV pages of all full-attention layers together (a page: page_size positions)

@@ -47,6 +47,9 @@ std::vector<Flag> engine_flags() {
       {"--prefix-cache-gb GB", "memory the prefix cache may hold (default 1)"},
       {"--no-prefix-cache", "no prefix cache"},
       {"--max-queue N", "requests waiting at most; more are refused (429 when serving; default 256)"},
+      {"--kv-cache-dtype T",
+       "KV storage: auto (the backend's), bf16, or fp8 (E4M3 + a scale per position "
+       "and head; CPU for now)"},
       {"--speculative-tokens K",
        "draft up to K tokens a step with the checkpoint's MTP head, verified in one step (0..8; default 0: "
        "off)"}};

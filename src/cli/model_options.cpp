@@ -46,12 +46,13 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
   engine::LoadLimits limits;
   limits.max_sequences = engine.max_num_seqs;
   limits.max_context = engine.max_model_len;
+  limits.kv_cache_dtype = engine.kv_cache_dtype;
   return engine::load_backend(model_dir(args), d, tp, limits);
 }
 
 void add_engine_flags(ArgSpec& spec) {
   for (const char* f : {"--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-gb",
-                        "--prefix-cache-gb", "--max-queue", "--speculative-tokens"})
+                        "--prefix-cache-gb", "--max-queue", "--speculative-tokens", "--kv-cache-dtype"})
     spec.with_value.insert(f);
   spec.boolean.insert("--no-prefix-cache");
 }
@@ -83,6 +84,14 @@ core::Expected<engine::SchedulerOptions> parse_engine_options(const Args& args) 
     return core::Error{"flag --speculative-tokens must be in [0, " +
                        std::to_string(engine::kMaxSpeculativeTokens) + "]"};
   o.speculative_tokens = static_cast<int32_t>(spec);
+  const std::string kv = args.get("--kv-cache-dtype").value_or("auto");
+  if (kv == "bf16") {
+    o.kv_cache_dtype = backend::KvCacheDtype::kBf16;
+  } else if (kv == "fp8") {
+    o.kv_cache_dtype = backend::KvCacheDtype::kFp8;
+  } else if (kv != "auto") {
+    return core::Error{"flag --kv-cache-dtype must be auto, bf16 or fp8, not '" + kv + "'"};
+  }
   return o;
 }
 

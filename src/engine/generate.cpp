@@ -18,6 +18,12 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
   if (tensor_parallel > 1 && device == Device::kCpu)
     return core::Error{"tensor parallelism needs --device cuda: the CPU backend runs on one device"};
 #ifdef DELTAFLOW_HAVE_CUDA
+  const bool cuda = tensor_parallel > 1 || device == Device::kCuda ||
+                    (device == Device::kAuto && !backend::cuda::list_devices().empty());
+  if (cuda && limits.kv_cache_dtype != backend::KvCacheDtype::kAuto)
+    return core::Error{std::string("--kv-cache-dtype ") +
+                       backend::kv_cache_dtype_name(limits.kv_cache_dtype) +
+                       ": the CUDA backend keeps a bf16 KV cache for now (--device cpu has bf16 and fp8)"};
   backend::cuda::CudaOptions opt;
   opt.progress = true;
   opt.max_sequences = limits.max_sequences;
@@ -40,7 +46,9 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
   if (device == Device::kCuda)
     return core::Error{"--device cuda: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
 #endif
-  DF_ASSIGN(auto cpu, backend::cpu::CpuBackend::load(dir));
+  backend::cpu::CpuOptions cpu_opt;
+  cpu_opt.kv_cache_dtype = limits.kv_cache_dtype;
+  DF_ASSIGN(auto cpu, backend::cpu::CpuBackend::load(dir, cpu_opt));
   return std::unique_ptr<backend::Backend>(std::move(cpu));
 }
 

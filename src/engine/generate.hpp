@@ -19,6 +19,7 @@ enum class Device { kAuto, kCpu, kCuda };
 struct LoadLimits {
   int max_sequences = 16;
   int64_t max_context = 0;  // 0: the backend's default
+  backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
 };
 
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).

@@ -54,6 +54,8 @@ struct SchedulerOptions {
   // step, verified by the next step (0: off; at most kMaxSpeculativeTokens). Each sequence adapts its own
   // count to how often its drafts are accepted (docs/architecture.md §4).
   int32_t speculative_tokens = 0;
+  // The KV cache's storage, a backend load option (LoadLimits) carried here with the engine's flags.
+  backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
 };
 
 inline constexpr int32_t kMaxSpeculativeTokens = 8;

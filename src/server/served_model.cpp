@@ -53,6 +53,7 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   engine::LoadLimits limits;
   limits.max_sequences = o.engine.max_num_seqs;
   limits.max_context = o.engine.max_model_len;
+  limits.kv_cache_dtype = o.engine.kv_cache_dtype;
   DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel, limits));
   DF_ASSIGN(auto tok, text::Tokenizer::load(o.model_dir));
   m->tokenizer_.emplace(std::move(tok));

@@ -8,6 +8,7 @@
 #include "backend/cpu/gated_deltanet.hpp"
 #include "backend/cpu/ops.hpp"
 #include "backend/host_sampling.hpp"
+#include "backend/kv_quant.hpp"
 #include "core/threads.hpp"
 
 namespace deltaflow::backend::cpu {
@@ -252,6 +253,10 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
       run_of[static_cast<size_t>(t)] = &run;
       rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p);
       rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p);
+      for (int64_t h = 0; h < nkv; ++h) {
+        round_kv_row(kx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);
+        round_kv_row(vx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);
+      }
       const int64_t row = run.mem.row_of(p);
       std::copy(kx.begin() + t * kvw, kx.begin() + (t + 1) * kvw, run.mem.k[ai] + row * kvw);
       std::copy(vx.begin() + t * kvw, vx.begin() + (t + 1) * kvw, run.mem.v[ai] + row * kvw);

@@ -77,6 +77,9 @@ struct CpuOptions {
   // fp32 rounding, not bitwise: a sequence's numbers then depend on how its prompt was split into steps.
   bool chunked_prefill = false;
   int32_t page_size = 16;
+  // The KV cache's rounding (backend.hpp). The CPU keeps fp32 storage and stores the values as they read
+  // back (for kFp8: code * scale), the same numbers as storing the codes and scales.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
 };
 
 class CpuBackend final : public Backend, public SequenceBackend {
