@@ -2,13 +2,16 @@
 // format). Requests go through the server's own validation and planning (prepare_chat / prepare_completions)
 // and are kept in flight together (--max-queue), so the engine's scheduler batches them as it batches a busy
 // server. Results are appended in completion order, each line written whole and fsynced; --resume skips the
-// custom_ids already written, so a job killed at any moment loses and duplicates nothing.
+// custom_ids already written, so a job killed at any moment loses and duplicates nothing. SIGTERM or SIGINT
+// stops it cleanly: no new requests, the ones in flight cancelled and not written (a resume redoes them), the
+// file closed, exit 1 with a line saying how far it got.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -25,6 +28,20 @@ namespace deltaflow::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 core::Expected<bool> parse_bool_flag(const std::string& flag, const std::string& v) {
   if (v == "true" || v == "1" || v == "yes") return true;
@@ -86,10 +103,11 @@ int cmd_batch(const Argv& argv) {
   const std::string cmd = "batch";
   ArgSpec spec{{"--input", "--output", "--model", "--device", "--tensor-parallel-size", "--max-model-len",
                 "--max-queue", "--default-max-tokens", "--default-enable-thinking", "--served-model-name"},
-               {"--resume", "--no-progress"},
+               {"--resume", "--no-progress", "--allow-special-in-content"},
                0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
+  install_stop_signals();
   const auto input = args->get("--input"), output = args->get("--output");
   if (!input) return fail(cmd, "missing --input IN.jsonl");
   if (!output) return fail(cmd, "missing --output OUT.jsonl");
@@ -165,6 +183,7 @@ int cmd_batch(const Argv& argv) {
     lo.tensor_parallel = *tp;
     lo.served_name = args->get_or("--served-model-name", "");
     lo.engine.max_model_len = *len;
+    lo.allow_special_in_content = args->has("--allow-special-in-content");
     lo.engine.max_queue = static_cast<size_t>(*window) * 16 + 16;  // a request may hold 16 engine requests
     auto loaded = server::ServedModel::load(lo);
     if (!loaded) {
@@ -198,7 +217,7 @@ int cmd_batch(const Argv& argv) {
     record(server::batch_response_line(l, status, body, id), status == 200);
   };
   progress.update(0, true);
-  while ((next < todo.size() || !flight.empty()) && !io_error) {
+  while ((next < todo.size() || !flight.empty()) && !io_error && !g_stop_signal) {
     // Fill the window.
     while (next < todo.size() && flight.size() < static_cast<size_t>(*window)) {
       const server::BatchLine& l = *todo[next++];
@@ -246,9 +265,16 @@ int cmd_batch(const Argv& argv) {
   }
   progress.update(finished, true);
   progress.end();
+  const size_t cancelled = flight.size();
+  for (auto& f : flight) f.call.run->cancel();
   flight.clear();
   const bool closed = ::close(fd) == 0;
   if (io_error || !closed) return fail(cmd, *output + ": write failed (disk full?); run again with --resume");
+  if (g_stop_signal)
+    return fail(cmd, std::string("stopped by ") + (g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + ": " +
+                         std::to_string(skipped + finished) + " of " + std::to_string(skipped + todo.size()) +
+                         " requests in " + *output + " (" + std::to_string(cancelled) +
+                         " in flight cancelled, not written); run again with --resume to finish");
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   std::fprintf(
       stderr,

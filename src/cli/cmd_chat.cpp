@@ -40,7 +40,7 @@ int cmd_chat(const Argv& argv) {
   ArgSpec spec{
       {"--model", "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--presence-penalty",
        "--frequency-penalty", "--repetition-penalty", "--seed", "--device", "--system", "--enable-thinking"},
-      {},
+      {"--allow-special-in-content"},
       0};
   add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
@@ -73,7 +73,11 @@ int cmd_chat(const Argv& argv) {
 
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (auto sys = args->get("--system")) messages.push_back({{"role", "system"}, {"content", *sys}});
-  const nlohmann::ordered_json kwargs = {{"enable_thinking", thinking == "true"}};
+  text::ChatRenderOptions render;
+  render.add_generation_prompt = true;
+  render.kwargs = {{"enable_thinking", thinking == "true"}};
+  // What the user types stays text, special-token spellings included, unless --allow-special-in-content.
+  if (!args->has("--allow-special-in-content")) render.literal_tokens = tok->special_token_texts();
   install_sigint();
   std::fprintf(stderr,
                "deltaflow chat: %s on %s. Ctrl-C ends a turn, Ctrl-D or /exit quits, /reset clears.\n",
@@ -98,13 +102,13 @@ int cmd_chat(const Argv& argv) {
     }
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    auto prompt_text = text::render_chat(*tmpl, messages, nullptr, true, kwargs);
+    auto prompt_text = text::render_chat_spans(*tmpl, messages, render);
     if (!prompt_text) {
       std::fprintf(stderr, "deltaflow chat: %s\n", prompt_text.message().c_str());
       messages.erase(messages.size() - 1);
       continue;
     }
-    const auto prompt = tok->encode(*prompt_text);
+    const auto prompt = tok->encode_literal(prompt_text->text, prompt_text->literal);
     // A turn may use what is left of the context, at most --max-tokens.
     const int64_t room = engine->scheduler->max_model_len() - static_cast<int64_t>(prompt.size());
     if (room <= 0) {

@@ -24,6 +24,10 @@ const Flag kDevice{"--device cpu|cuda|auto",
                    "backend (default auto: CUDA when built with it and a GPU is seen)"};
 const Flag kTp{"--tensor-parallel-size N", "split the model over N GPUs of this host (default 1)"};
 const Flag kJson{"--json", "one JSON object on stdout instead of text"};
+const Flag kAllowSpecial{
+    "--allow-special-in-content",
+    "parse special tokens (<|im_start|>, ...) written in message contents, tool results and "
+    "names (default: they stay text)"};
 
 std::vector<Flag> sampling_flags() {
   return {{"--temperature T", "0 (default) is greedy"},
@@ -79,6 +83,7 @@ const std::map<std::string, Help>& table() {
          {"--max-queue N", "requests in flight in the engine at once (default 64)"},
          {"--default-max-tokens N", "max_tokens when a request gives none (default: as serve)"},
          {"--default-enable-thinking true|false", "chat thinking default (default: as serve)"},
+         kAllowSpecial,
          {"--no-progress", "no progress bar even on a terminal"}}}},
       {"bench",
        {"deltaflow bench (--synthetic CONFIG.json | --model DIR) [options]",
@@ -118,7 +123,8 @@ const std::map<std::string, Help>& table() {
               kDevice,
               {"--system TEXT", "system prompt"},
               {"--enable-thinking true|false", "let the model think first (default false)"},
-              {"--max-tokens N", "tokens per answer at most (default 1024)"}},
+              {"--max-tokens N", "tokens per answer at most (default 1024)"},
+              kAllowSpecial},
              join(sampling_flags(), engine_flags()))}},
       {"eval",
        {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--json]",
@@ -173,27 +179,36 @@ const std::map<std::string, Help>& table() {
       {"serve",
        {"deltaflow serve [--model DIR] [--host H] [--port N] [options]",
         "OpenAI- and Ollama-compatible HTTP server, with a chat page at /.",
-        join({kModel,
-              kDevice,
-              kTp,
-              {"--host H", "address to listen on (default 127.0.0.1; others need --api-key)"},
-              {"--port N", "port (default 8000; 0: any free port)"},
-              {"--api-key KEY", "require 'Authorization: Bearer KEY'"},
-              {"--api-key-file F", "the key, read from a file"},
-              {"--insecure-no-auth", "allow a non-loopback --host without a key"},
-              {"--served-model-name NAME", "the model's name in the API (default: the directory's name)"},
-              {"--max-body-bytes N", "request bodies larger get 413 (default 8 MiB)"},
-              {"--default-max-tokens N",
-               "max_tokens when a request gives none (default: generation_config's max_new_tokens, else 512 "
-               "on "
-               "the CPU backend, else the rest of the context)"},
-              {"--default-enable-thinking true|false",
-               "chat thinking when a request does not say (default: from the model directory; see README)"},
-              {"--allowed-origins LIST",
-               "comma-separated browser origins allowed by CORS, or * (default: none)"},
-              {"--enable-test-hooks", "accept deltaflow_forced_tokens in requests (tests only)"},
-              {"--quiet", "no line per request on stderr"}},
-             engine_flags())}},
+        join(
+            {kModel,
+             kDevice,
+             kTp,
+             {"--host H", "address to listen on (default 127.0.0.1; others need --api-key)"},
+             {"--port N", "port (default 8000; 0: any free port)"},
+             {"--api-key KEY", "require 'Authorization: Bearer KEY'"},
+             {"--api-key-file F", "the key, read from a file"},
+             {"--insecure-no-auth", "allow a non-loopback --host without a key"},
+             kAllowSpecial,
+             {"--served-model-name NAME", "the model's name in the API (default: the directory's name)"},
+             {"--max-request-bytes N", "request bodies larger get 413 (default 8 MiB)"},
+             {"--max-body-bytes N", "the older name of --max-request-bytes"},
+             {"--max-tokens-limit N",
+              "a request asking more than N tokens gets 400; defaults and Ollama's unlimited are capped to N "
+              "(default 0: only the context limits)"},
+             {"--shutdown-timeout S",
+              "on SIGTERM/SIGINT, seconds running requests may take to finish before they are aborted "
+              "(finish_reason \"abort\"; default 30)"},
+             {"--default-max-tokens N",
+              "max_tokens when a request gives none (default: generation_config's max_new_tokens, else 512 "
+              "on "
+              "the CPU backend, else the rest of the context)"},
+             {"--default-enable-thinking true|false",
+              "chat thinking when a request does not say (default: from the model directory; see README)"},
+             {"--allowed-origins LIST",
+              "comma-separated browser origins allowed by CORS, or * (default: none)"},
+             {"--enable-test-hooks", "accept deltaflow_forced_tokens in requests (tests only)"},
+             {"--quiet", "no line per request on stderr"}},
+            engine_flags())}},
       {"tokenize",
        {"deltaflow tokenize --model DIR (--file F | TEXT | --chat F.json [--chat-template FILE]) [--json]",
         "Token ids of a text, or of a conversation rendered by the chat template.",

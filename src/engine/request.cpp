@@ -12,6 +12,8 @@ const char* finish_reason_name(FinishReason r) {
       return "cancelled";
     case FinishReason::kError:
       return "error";
+    case FinishReason::kAborted:
+      return "abort";
   }
   return "error";
 }

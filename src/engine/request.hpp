@@ -24,6 +24,7 @@ enum class FinishReason {
   kLength,     // max_tokens reached
   kCancelled,  // the client went away or the HTTP side stopped it (stop string)
   kError,      // the engine failed; Event::error says why
+  kAborted,    // the server stopped it before its end (shutdown after --shutdown-timeout): "abort"
 };
 const char* finish_reason_name(FinishReason r);
 

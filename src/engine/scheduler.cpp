@@ -220,6 +220,14 @@ void Scheduler::stop() {
   }
 }
 
+void Scheduler::abort_all() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_now_.store(true);
+  }
+  cv_.notify_all();
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The engine thread
 
@@ -469,10 +477,18 @@ bool Scheduler::step_once() {
   take_new_requests();
   // Cancelled requests free their slots and pages at once.
   const bool stopping = stop_now_.load(std::memory_order_relaxed);
-  auto cancelled = [&](const Sequence& s) { return stopping || s.req.channel->cancelled(s.req.choice); };
+  const bool aborting = abort_now_.load(std::memory_order_relaxed);
+  auto cancelled = [&](const Sequence& s) {
+    return stopping || aborting || s.req.channel->cancelled(s.req.choice);
+  };
+  // Cancelled by the client, or aborted by the server (a clean final event for a client still there).
+  auto why = [&](const Sequence& s) {
+    return aborting && !stopping && !s.req.channel->cancelled(s.req.choice) ? FinishReason::kAborted
+                                                                            : FinishReason::kCancelled;
+  };
   for (auto it = running_.begin(); it != running_.end();) {
     if (cancelled(**it)) {
-      finish(**it, FinishReason::kCancelled);
+      finish(**it, why(**it));
       it = running_.erase(it);
     } else {
       ++it;
@@ -480,7 +496,7 @@ bool Scheduler::step_once() {
   }
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (cancelled(**it)) {
-      finish(**it, FinishReason::kCancelled);
+      finish(**it, why(**it));
       it = waiting_.erase(it);
     } else {
       ++it;

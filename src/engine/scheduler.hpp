@@ -95,6 +95,9 @@ class Scheduler {
 
   // Finishes the running requests as cancelled, fails the waiting ones, and joins the thread.
   void stop();
+  // Finishes every request, running, waiting or submitted from now on, as aborted (a clean final event
+  // with finish reason "abort"); the engine keeps running. The server's drain ends with it.
+  void abort_all();
 
  private:
   struct Sequence;
@@ -142,6 +145,7 @@ class Scheduler {
   std::deque<GenerationRequest> queue_;  // submitted, not yet taken by the engine thread
   bool stopping_ = false;
   std::atomic<bool> stop_now_{false};
+  std::atomic<bool> abort_now_{false};
   SchedulerStats stats_;  // under mu_
   int64_t hit_tokens_ = 0, preemptions_ = 0, steps_ = 0;
   std::vector<int64_t> drafted_at_, accepted_at_;  // engine thread; published in stats_

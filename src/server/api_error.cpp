@@ -26,8 +26,10 @@ ApiError unauthorized() {
 }
 
 ApiError too_large(size_t limit) {
-  return {413, "request body exceeds the server limit of " + std::to_string(limit) + " bytes",
-          "invalid_request_error", "", "request_too_large"};
+  return {
+      413,
+      "request body exceeds the server limit of " + std::to_string(limit) + " bytes (--max-request-bytes)",
+      "invalid_request_error", "", "request_too_large"};
 }
 
 ApiError queue_full() {

@@ -163,6 +163,9 @@ GenerationRun::Pump GenerationRun::pump(std::chrono::milliseconds wait, const De
           c.error = "the request was cancelled";
           ok = finish_choice(e.choice, "stop", on_delta, on_finish);
           break;
+        case engine::FinishReason::kAborted:  // the server's shutdown: a clean end, finish_reason "abort"
+          ok = finish_choice(e.choice, "abort", on_delta, on_finish);
+          break;
         case engine::FinishReason::kError:
           c.error = e.error.empty() ? "engine error" : e.error;
           ok = finish_choice(e.choice, "error", on_delta, on_finish);

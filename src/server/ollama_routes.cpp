@@ -2,6 +2,7 @@
 // /api/ps, /api/version; enough for the `ollama` Python client and tools built on it.
 #include <cmath>
 
+#include "server/body_limit.hpp"
 #include "server/routes.hpp"
 #include "server/structured_output.hpp"
 
@@ -127,12 +128,12 @@ Json tool_call_json(const text::ToolCall& call) {
 
 // The common tail of /api/chat and /api/generate.
 void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m, ServerContext& ctx,
-                const Json& body, const std::string& prompt_text, bool chat, bool tools,
+                const Json& body, const text::RenderedChat& prompt, bool chat, bool tools,
                 std::vector<text::ToolSpec> specs, std::chrono::steady_clock::time_point arrival) {
   const GenParams params = take(parse_gen_params(body, Api::kOllama, ctx.defaults.generation,
                                                  m.config().vocab_size, ctx.options.enable_test_hooks));
-  const bool in_reasoning = ends_in_thought(prompt_text);
-  const std::vector<int32_t> ids = m.tokenizer().encode(prompt_text);
+  const bool in_reasoning = ends_in_thought(prompt.text);
+  const std::vector<int32_t> ids = m.encode_prompt(prompt);
   auto requests = make_requests(m, {ids}, params, in_reasoning, chat ? "messages" : "prompt");
   if (auto spec = parse_structured_output(body, Api::kOllama))
     attach_constraint(requests, *spec, m, in_reasoning);
@@ -269,7 +270,7 @@ void handle_generate(const httplib::Request& req, httplib::Response& res, Served
     if (!it->is_boolean()) throw bad_field("raw", "'raw' must be a boolean");
     raw = it->get<bool>();
   }
-  std::string text = prompt;
+  text::RenderedChat text{prompt, {}};  // raw: the client wrote the whole prompt, tokens and all
   if (!raw) {
     Json messages = Json::array();
     if (auto it = body.find("system"); it != body.end() && !it->is_null()) {
@@ -300,14 +301,14 @@ Json ps_entry(const ServedModel& m) {
 }  // namespace
 
 void add_ollama_routes(httplib::Server& svr, ServerContext& ctx) {
-  svr.Post("/api/chat",
-           guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_chat(q, r, m, ctx);
-           }));
-  svr.Post("/api/generate",
-           guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_generate(q, r, m, ctx);
-           }));
+  post_limited(svr, ctx, true, "/api/chat",
+               guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_chat(q, r, m, ctx);
+               }));
+  post_limited(svr, ctx, true, "/api/generate",
+               guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_generate(q, r, m, ctx);
+               }));
   svr.Get("/api/tags", guarded(ctx, true, [](const httplib::Request&, httplib::Response& r, ServedModel& m) {
             send_json(r, {{"models", Json::array({{{"name", m.name()},
                                                    {"model", m.name()},
@@ -316,33 +317,33 @@ void add_ollama_routes(httplib::Server& svr, ServerContext& ctx) {
                                                    {"digest", m.digest()},
                                                    {"details", details(m)}}})}});
           }));
-  svr.Post("/api/show",
-           guarded(ctx, true, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             const Json body = take(parse_body(q.body));
-             Json b = body;
-             if (!b.contains("model") && b.contains("name")) b["model"] = b["name"];  // older clients
-             check_model(b, m, true);
-             const auto& d = m.defaults();
-             char params[256];
-             std::snprintf(params, sizeof params, "temperature %g\ntop_k %d\ntop_p %g", d.temperature,
-                           d.top_k, d.top_p);
-             const std::string fam = family(m);
-             Json info = {{"general.architecture", fam},
-                          {"general.parameter_count", m.parameter_count()},
-                          {fam + ".context_length", m.max_model_len()},
-                          {fam + ".embedding_length", m.config().hidden_size},
-                          {fam + ".block_count", m.config().num_hidden_layers}};
-             Json caps = Json::array({"completion"});
-             if (m.has_chat_template()) caps.push_back("tools");
-             if (m.think_end_id() >= 0) caps.push_back("thinking");
-             send_json(r, {{"modelfile", "# served by deltaflow from " + m.dir() + "\n"},
-                           {"parameters", params},
-                           {"template", m.chat_template_source()},
-                           {"details", details(m)},
-                           {"model_info", std::move(info)},
-                           {"capabilities", std::move(caps)},
-                           {"modified_at", modified_iso(m)}});
-           }));
+  post_limited(svr, ctx, true, "/api/show",
+               guarded(ctx, true, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 const Json body = take(parse_body(q.body));
+                 Json b = body;
+                 if (!b.contains("model") && b.contains("name")) b["model"] = b["name"];  // older clients
+                 check_model(b, m, true);
+                 const auto& d = m.defaults();
+                 char params[256];
+                 std::snprintf(params, sizeof params, "temperature %g\ntop_k %d\ntop_p %g", d.temperature,
+                               d.top_k, d.top_p);
+                 const std::string fam = family(m);
+                 Json info = {{"general.architecture", fam},
+                              {"general.parameter_count", m.parameter_count()},
+                              {fam + ".context_length", m.max_model_len()},
+                              {fam + ".embedding_length", m.config().hidden_size},
+                              {fam + ".block_count", m.config().num_hidden_layers}};
+                 Json caps = Json::array({"completion"});
+                 if (m.has_chat_template()) caps.push_back("tools");
+                 if (m.think_end_id() >= 0) caps.push_back("thinking");
+                 send_json(r, {{"modelfile", "# served by deltaflow from " + m.dir() + "\n"},
+                               {"parameters", params},
+                               {"template", m.chat_template_source()},
+                               {"details", details(m)},
+                               {"model_info", std::move(info)},
+                               {"capabilities", std::move(caps)},
+                               {"modified_at", modified_iso(m)}});
+               }));
   svr.Get("/api/ps", guarded(ctx, true, [](const httplib::Request&, httplib::Response& r, ServedModel& m) {
             send_json(r, {{"models", Json::array({ps_entry(m)})}});
           }));

@@ -2,6 +2,7 @@
 // /detokenize.
 #include <algorithm>
 
+#include "server/body_limit.hpp"
 #include "server/openai_call.hpp"
 #include "server/prompt_scoring.hpp"
 #include "server/routes.hpp"
@@ -184,7 +185,8 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
   auto rendered =
       m.render_chat(messages, plan.tools ? *tools_json : Json(nullptr), add_generation_prompt, kwargs);
   if (!rendered) throw bad_field("messages", "the chat template failed: " + rendered.message());
-  std::string text = std::move(*rendered);
+  text::RenderedChat prompt = std::move(*rendered);
+  std::string& text = prompt.text;
   plan.in_reasoning = ends_in_thought(text);
   if (plan.tools && (tc.kind == ToolChoice::kRequired || tc.kind == ToolChoice::kNamed)) {
     // The prompt itself opens the call (an empty thought first), the parser starts inside it, and a grammar
@@ -204,7 +206,7 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
   } else {
     plan.grammar = parse_structured_output(body, Api::kChat);
   }
-  plan.prompt = m.tokenizer().encode(text);
+  plan.prompt = m.encode_prompt(prompt);
   return plan;
 }
 
@@ -676,7 +678,7 @@ void handle_tokenize(const httplib::Request& req, httplib::Response& res, Served
     }
     auto text = m.render_chat(messages, tools, get_bool(body, "add_generation_prompt", true), kwargs);
     if (!text) throw bad_field("messages", "the chat template failed: " + text.message());
-    ids = m.tokenizer().encode(*text);
+    ids = m.encode_prompt(*text);
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string())
@@ -710,14 +712,14 @@ void handle_detokenize(const httplib::Request& req, httplib::Response& res, Serv
 }  // namespace
 
 void add_openai_routes(httplib::Server& svr, ServerContext& ctx) {
-  svr.Post("/v1/chat/completions",
-           guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_chat(q, r, m, ctx);
-           }));
-  svr.Post("/v1/completions",
-           guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_completions(q, r, m, ctx);
-           }));
+  post_limited(svr, ctx, false, "/v1/chat/completions",
+               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_chat(q, r, m, ctx);
+               }));
+  post_limited(svr, ctx, false, "/v1/completions",
+               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_completions(q, r, m, ctx);
+               }));
   svr.Get("/v1/models",
           guarded(ctx, false, [&ctx](const httplib::Request&, httplib::Response& r, ServedModel& m) {
             send_json(r, {{"object", "list"}, {"data", Json::array({model_card(m, ctx)})}});
@@ -730,14 +732,14 @@ void add_openai_routes(httplib::Server& svr, ServerContext& ctx) {
                              "model_not_found"};
             send_json(r, model_card(m, ctx));
           }));
-  svr.Post("/tokenize",
-           guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_tokenize(q, r, m, ctx);
-           }));
-  svr.Post("/detokenize",
-           guarded(ctx, false, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-             handle_detokenize(q, r, m);
-           }));
+  post_limited(svr, ctx, false, "/tokenize",
+               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_tokenize(q, r, m, ctx);
+               }));
+  post_limited(svr, ctx, false, "/detokenize",
+               guarded(ctx, false, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+                 handle_detokenize(q, r, m);
+               }));
 }
 
 }  // namespace deltaflow::server

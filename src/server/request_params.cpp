@@ -211,6 +211,23 @@ void parse_openai(const Json& body, Api api, GenParams& p, int64_t vocab, bool h
   parse_forced(f, p, hooks);
 }
 
+// --max-tokens-limit: an explicit ask above it is refused, naming the field that asked; the served default
+// and Ollama's "unlimited" (num_predict <= 0) are capped to it.
+void apply_max_tokens_limit(const Json& body, Api api, std::optional<int64_t> limit, GenParams& p) {
+  if (!limit) return;
+  p.default_max_tokens = std::min(p.default_max_tokens.value_or(*limit), *limit);
+  if (!p.max_tokens || *p.max_tokens <= *limit) return;
+  std::string field = "max_tokens";
+  if (api == Api::kOllama)
+    field = "options.num_predict";
+  else if (api == Api::kChat && body.contains("max_completion_tokens") &&
+           !body["max_completion_tokens"].is_null())
+    field = "max_completion_tokens";
+  throw bad_field(field, "'" + field + "' is " + std::to_string(*p.max_tokens) +
+                             "; this server allows at most " + std::to_string(*limit) +
+                             " tokens per request (--max-tokens-limit)");
+}
+
 void parse_ollama(const Json& body, GenParams& p, bool hooks) {
   const Fields top{body, ""};
   if (const Json* o = top.get("options")) {
@@ -260,6 +277,7 @@ Parsed<GenParams> parse_gen_params(const Json& body, Api api, const GenerationDe
     } else {
       parse_openai(body, api, p, vocab, test_hooks);
     }
+    apply_max_tokens_limit(body, api, defaults.max_tokens_limit, p);
     return p;
   } catch (const ApiError& e) {
     return e;

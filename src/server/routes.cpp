@@ -118,6 +118,12 @@ std::vector<engine::GenerationRequest> make_requests(const ServedModel& m,
       max_tokens = max_len - n_prompt;
       if (p.default_max_tokens) max_tokens = std::min(max_tokens, *p.default_max_tokens);
     }
+    if (!p.max_tokens && n_prompt >= max_len)  // the prompt alone fills the context: no room to ask about
+      throw ApiError{400,
+                     "This model's maximum context length is " + std::to_string(max_len) +
+                         " tokens. However, your " + field + " resulted in " + std::to_string(n_prompt) +
+                         " tokens. Please reduce the length of the " + field + ".",
+                     "invalid_request_error", field, "context_length_exceeded"};
     if (n_prompt + std::max<int64_t>(max_tokens, 1) > max_len)
       throw ApiError{400,
                      "This model's maximum context length is " + std::to_string(max_len) +

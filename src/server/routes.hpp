@@ -27,6 +27,8 @@ struct ServerContext {
   Metrics metrics;
   RequestDefaults defaults;  // resolved when the model is loaded, before `model` is set
   int64_t started_unix = 0;
+  // SIGINT/SIGTERM seen: requests that still arrive are answered 503 (server.cpp's drain).
+  std::atomic<bool> draining{false};
 };
 
 std::string dump(const Json& j);

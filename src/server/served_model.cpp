@@ -111,6 +111,7 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   if (auto id = m->tokenizer_->token_to_id("<think>")) m->think_start_ = *id;
   if (auto id = m->tokenizer_->token_to_id("</think>")) m->think_end_ = *id;
   if (auto id = m->tokenizer_->token_to_id("<|im_end|>")) m->message_end_ = *id;
+  if (!o.allow_special_in_content) m->literal_tokens_ = m->tokenizer_->special_token_texts();
 
   const int64_t model_len = m->backend_->config().max_position_embeddings;
   if (o.engine.max_model_len > model_len)
@@ -149,14 +150,16 @@ bool ServedModel::matches(const std::string& requested) const {
          requested.substr(0, requested.size() - kLatest.size()) == name_;
 }
 
-core::Expected<std::string> ServedModel::render_chat(const Json& messages, const Json& tools,
-                                                     bool add_generation_prompt, const Json& kwargs) const {
+core::Expected<text::RenderedChat> ServedModel::render_chat(const Json& messages, const Json& tools,
+                                                            bool add_generation_prompt,
+                                                            const Json& kwargs) const {
   if (!chat_template_) return core::Error{"the model has no chat template"};
   text::ChatRenderOptions ro;
   ro.add_generation_prompt = add_generation_prompt;
   ro.tools = tools;
   ro.kwargs = kwargs;
-  return text::render_chat(*chat_template_, messages, ro);
+  ro.literal_tokens = literal_tokens_;
+  return text::render_chat_spans(*chat_template_, messages, ro);
 }
 
 }  // namespace deltaflow::server

@@ -30,6 +30,9 @@ struct GenerationDefaults {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::optional<int64_t> max_tokens;  // max_new_tokens
+  // --max-tokens-limit: the most tokens one request may ask for (more is a 400; the default and Ollama's
+  // "unlimited" are capped to it). None: only the context bounds it.
+  std::optional<int64_t> max_tokens_limit;
 };
 
 struct ModelLoadOptions {
@@ -38,6 +41,9 @@ struct ModelLoadOptions {
   int tensor_parallel = 1;
   std::string served_name;          // empty: the directory's name
   engine::SchedulerOptions engine;  // max_model_len 0: the model's max_position_embeddings
+  // Special tokens written in message contents, tool results, names and tool definitions are parsed as
+  // tokens (the permissive behaviour) instead of staying text (text/content_literals.hpp).
+  bool allow_special_in_content = false;
 };
 
 class ServedModel {
@@ -72,9 +78,14 @@ class ServedModel {
 
   // Renders the chat template as transformers' apply_chat_template does (text/chat_template.hpp).
   // `messages` are already normalised (tool-call arguments as objects); `tools` null when none; `kwargs` the
-  // template variables (enable_thinking, ...).
-  core::Expected<std::string> render_chat(const Json& messages, const Json& tools, bool add_generation_prompt,
-                                          const Json& kwargs) const;
+  // template variables (enable_thinking, ...). Special-token spellings from the request are marked literal
+  // unless the server allows special tokens in content.
+  core::Expected<text::RenderedChat> render_chat(const Json& messages, const Json& tools,
+                                                 bool add_generation_prompt, const Json& kwargs) const;
+  // The prompt's ids: the literal spans tokenized as text, the template's own special tokens parsed.
+  std::vector<int32_t> encode_prompt(const text::RenderedChat& prompt) const {
+    return tokenizer_->encode_literal(prompt.text, prompt.literal);
+  }
 
  private:
   ServedModel() = default;
@@ -88,6 +99,7 @@ class ServedModel {
   std::vector<int32_t> eos_ids_;
   int32_t think_start_ = -1, think_end_ = -1, message_end_ = -1;
   bool xml_tools_ = true;
+  std::vector<std::string> literal_tokens_;  // empty: special tokens in content are parsed
   int64_t max_model_len_ = 0;
   int64_t parameters_ = 0;
   uint64_t weight_bytes_ = 0;

@@ -37,6 +37,34 @@ bool is_ollama_path(const std::string& path) {
   return path.rfind("/api/", 0) == 0;
 }
 
+// The graceful stop: no new connections (the listening socket closes) and 503 for requests still read on
+// open ones; the running requests finish, for at most `timeout_s`; then the engine aborts the rest, whose
+// clients get a clean final event (finish_reason "abort"), and their HTTP threads end.
+void drain(Listener& svr, ServerContext& ctx, ServedModel& model, const std::atomic<bool>& http_done,
+           double timeout_s) {
+  using namespace std::chrono;
+  ctx.draining.store(true);
+  // Not httplib's stop(): that also ends every response being streamed. Shut the listening socket down
+  // instead: the accept loop ends (httplib closes the socket), then waits for the connections being served,
+  // whose streams go on; http_done once they are all over.
+  ::shutdown(svr.fd(), SHUT_RDWR);
+  const auto st = model.scheduler().stats();
+  std::fprintf(
+      stderr, "deltaflow serve: stopping: no new requests; %lld running, %lld waiting, up to %gs to finish\n",
+      static_cast<long long>(st.running), static_cast<long long>(st.waiting), timeout_s);
+  const auto deadline =
+      steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(timeout_s));
+  while (!http_done.load() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+  if (http_done.load()) return;
+  const auto left = model.scheduler().stats();
+  std::fprintf(stderr, "deltaflow serve: --shutdown-timeout reached: aborting %lld running, %lld waiting\n",
+               static_cast<long long>(left.running), static_cast<long long>(left.waiting));
+  model.scheduler().abort_all();
+  // The final events are out; let the HTTP threads write them (a client that does not read is cut later).
+  const auto cap = steady_clock::now() + seconds(10);
+  while (!http_done.load() && steady_clock::now() < cap) std::this_thread::sleep_for(milliseconds(20));
+}
+
 }  // namespace
 
 core::Status serve(const ServeOptions& o) {
@@ -78,6 +106,12 @@ core::Status serve(const ServeOptions& o) {
   });
 
   svr.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    if (ctx.draining.load()) {
+      res.set_header("Connection", "close");
+      res.set_header("Retry-After", "5");
+      send_error(res, unavailable("the server is shutting down"), is_ollama_path(req.path));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const std::string origin = req.get_header_value("Origin");
     switch (check_origin(ctx.options.allowed_origins, origin, req.get_header_value("Host"))) {
       case OriginCheck::kRefused:
@@ -218,10 +252,12 @@ core::Status serve(const ServeOptions& o) {
   lo.tensor_parallel = o.tensor_parallel;
   lo.served_name = o.served_model_name;
   lo.engine = o.engine;
+  lo.allow_special_in_content = o.allow_special_in_content;
   auto loaded = ServedModel::load(lo);
   if (!loaded) return finish(core::Error{loaded.message()});
   std::unique_ptr<ServedModel> model = std::move(*loaded);
   ctx.defaults = resolve_request_defaults(*model, o.default_enable_thinking, o.default_max_tokens);
+  if (o.max_tokens_limit > 0) ctx.defaults.generation.max_tokens_limit = o.max_tokens_limit;
   if (!stopping.load()) {
     ctx.model.store(model.get());
     const auto& d = ctx.defaults;
@@ -235,7 +271,8 @@ core::Status serve(const ServeOptions& o) {
         d.enable_thinking ? "on" : "off", max_tokens.c_str(), o.host.c_str(), port);
   }
   while (!stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  // Engine first (running and waiting requests end, so their HTTP threads return), then HTTP, then the model.
+  drain(svr, ctx, *model, http_done, o.shutdown_timeout_s);
+  // Engine first (what is left ends, so HTTP threads return), then HTTP, then the model.
   model->scheduler().stop();
   auto s = finish(core::Status());
   ctx.model.store(nullptr);

@@ -30,10 +30,15 @@ struct ServeOptions {
   size_t max_body_bytes = 8u << 20;             // larger bodies get 413
   bool log_requests = true;                     // one line per request on stderr
   std::vector<std::string> allowed_origins;     // CORS (cors.hpp); empty: no cross-origin browser access
+  bool allow_special_in_content = false;        // special tokens in message contents are parsed, not text
+  // On SIGINT/SIGTERM: stop accepting, let running requests finish for this long, then abort the rest
+  // (their streams end with finish_reason "abort" and [DONE]) and exit 0.
+  double shutdown_timeout_s = 30;
+  int64_t max_tokens_limit = 0;  // --max-tokens-limit: a request asking more tokens gets 400; 0: no limit
 };
 
 // Checks the options (a non-loopback host needs a key unless insecure_no_auth), binds, loads the model
-// (/health answers 503 meanwhile), and serves until SIGINT or SIGTERM.
+// (/health answers 503 meanwhile), and serves until SIGINT or SIGTERM, then drains (shutdown_timeout_s).
 core::Status serve(const ServeOptions& options);
 
 }  // namespace deltaflow::server

@@ -176,7 +176,8 @@ size_t leading_space_len(std::string_view s) {
 
 }  // namespace
 
-void AddedVocabulary::split(std::string_view sentence, bool normalized_set, std::vector<Split>& out) const {
+void AddedVocabulary::split(std::string_view sentence, bool normalized_set, std::vector<Split>& out,
+                            std::span<const TextSpan> literal, bool no_special) const {
   out.clear();
   const MatchingSet& set = normalized_set ? normalized_ : raw_;
   if (sentence.empty()) return;
@@ -188,6 +189,12 @@ void AddedVocabulary::split(std::string_view sentence, bool normalized_set, std:
     const int32_t id = set.ids[m.pattern];
     const AddedToken* tok = token_of(id);
     if (tok == nullptr) continue;
+    if (no_special && tok->special) continue;
+    if (!literal.empty()) {
+      auto after = std::lower_bound(literal.begin(), literal.end(), start,
+                                    [](const TextSpan& l, size_t pos) { return l.end <= pos; });
+      if (after != literal.end() && after->begin < stop) continue;  // overlaps a literal range
+    }
     if (tok->single_word) {
       const bool start_space = start == 0 || !is_word_char(last_char(sentence.substr(0, start)));
       const bool stop_space = stop == sentence.size() || !is_word_char(first_char(sentence.substr(stop)));

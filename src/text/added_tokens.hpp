@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 
 #include "text/bpe.hpp"
 #include "text/normalizer.hpp"
+#include "text/text_span.hpp"
 
 namespace deltaflow::text {
 
@@ -68,8 +70,10 @@ class AddedVocabulary {
   void add_tokens(const std::vector<AddedToken>& tokens, const BpeModel& model, const Normalizer& normalizer);
 
   // Splits `sentence` on the non-normalized tokens (normalized_set false) or the normalized ones (true).
-  // Empty pieces are dropped.
-  void split(std::string_view sentence, bool normalized_set, std::vector<Split>& out) const;
+  // Empty pieces are dropped. A match overlapping a `literal` range (sorted, offsets into sentence) stays
+  // text, and so does every special-token match when no_special is set.
+  void split(std::string_view sentence, bool normalized_set, std::vector<Split>& out,
+             std::span<const TextSpan> literal = {}, bool no_special = false) const;
   bool has_tokens(bool normalized_set) const { return !(normalized_set ? normalized_ : raw_).trie.empty(); }
 
   std::optional<int32_t> token_to_id(std::string_view content) const;

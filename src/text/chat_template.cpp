@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "text/content_literals.hpp"
 #include "text/jinja/pystr.hpp"
 
 namespace deltaflow::text {
@@ -205,6 +206,12 @@ core::Expected<const jinja::Template*> ChatTemplate::select(bool has_tools, std:
 
 core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const Json& messages,
                                         const ChatRenderOptions& opt, jinja::TemplateError* detail) {
+  DF_ASSIGN(RenderedChat r, render_chat_spans(tmpl, messages, opt, detail));
+  return std::move(r.text);
+}
+
+core::Expected<RenderedChat> render_chat_spans(const ChatTemplate& tmpl, const Json& messages,
+                                               const ChatRenderOptions& opt, jinja::TemplateError* detail) {
   using jinja::Value;
   if (!messages.is_array()) return core::Error{"messages must be a list"};
   if (messages.empty())
@@ -227,7 +234,14 @@ core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const Json& me
   std::string source;
   DF_ASSIGN(const jinja::Template* t, tmpl.select(!opt.tools.is_null(), &source));
 
-  Json chat = messages;
+  // Untrusted strings with their special-token spellings masked (content_literals.hpp); no-op when
+  // opt.literal_tokens is empty.
+  ContentLiterals literals(opt.literal_tokens, source);
+  if (literals.active()) literals.prepare(Json::array({messages, opt.tools, opt.documents, opt.kwargs}));
+  Json chat = literals.escape(messages);
+  const Json tools = literals.escape(opt.tools);
+  const Json documents = literals.escape(opt.documents);
+  const Json user_kwargs = literals.escape(opt.kwargs);
   std::string final_message;
   const std::string tag = "CONTINUE_FINAL_MESSAGE_TAG ";
   const std::string& field = opt.continue_final_message;
@@ -272,14 +286,13 @@ core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const Json& me
   Value vars = Value::dict();
   auto& d = vars.dict_data();
   d.set(Value::string("messages"), jinja::from_json(chat));
-  d.set(Value::string("tools"), opt.tools.is_null() ? Value::none() : jinja::from_json(opt.tools));
-  d.set(Value::string("documents"),
-        opt.documents.is_null() ? Value::none() : jinja::from_json(opt.documents));
+  d.set(Value::string("tools"), tools.is_null() ? Value::none() : jinja::from_json(tools));
+  d.set(Value::string("documents"), documents.is_null() ? Value::none() : jinja::from_json(documents));
   d.set(Value::string("add_generation_prompt"), Value::boolean(opt.add_generation_prompt));
   Json kw = tmpl.special_tokens();
-  if (opt.kwargs.is_object())
-    for (auto it = opt.kwargs.begin(); it != opt.kwargs.end(); ++it) kw[it.key()] = it.value();
-  else if (!opt.kwargs.is_null())
+  if (user_kwargs.is_object())
+    for (auto it = user_kwargs.begin(); it != user_kwargs.end(); ++it) kw[it.key()] = it.value();
+  else if (!user_kwargs.is_null())
     return core::Error{"chat template kwargs must be an object"};
   for (auto it = kw.begin(); it != kw.end(); ++it) {
     const std::string& k = it.key();
@@ -308,7 +321,9 @@ core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const Json& me
     else
       rendered = jinja::py::strip(rendered.substr(0, loc), nullptr, false, true);
   }
-  return rendered;
+  RenderedChat out;
+  out.text = literals.resolve(rendered, out.literal);
+  return out;
 }
 
 core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const Json& messages, const Json& tools,

@@ -21,9 +21,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.hpp"
 #include "text/jinja/template.hpp"
+#include "text/text_span.hpp"
 
 namespace deltaflow::text {
 
@@ -68,6 +70,17 @@ struct ChatRenderOptions {
   nlohmann::ordered_json kwargs;     // extra template variables (object or null)
   // HF continue_final_message: "" off; "content" (or another field) leaves the last message open.
   std::string continue_final_message;
+  // Special tokens whose text inside messages, tools, documents and kwargs stays text (content_literals.hpp):
+  // RenderedChat::literal says where they are. Empty: the permissive behaviour (--allow-special-in-content),
+  // and what apply_chat_template does.
+  std::vector<std::string> literal_tokens;
+};
+
+// The rendered prompt and the byte ranges in it that came from untrusted text as special-token spellings:
+// Tokenizer::encode_literal tokenizes those as text.
+struct RenderedChat {
+  std::string text;
+  std::vector<TextSpan> literal;
 };
 
 // The prompt text exactly as apply_chat_template(tokenize=False) returns it. Errors: template errors as
@@ -75,6 +88,12 @@ struct ChatRenderOptions {
 core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const nlohmann::ordered_json& messages,
                                         const ChatRenderOptions& options,
                                         jinja::TemplateError* detail = nullptr);
+
+// The same, keeping the literal spans of options.literal_tokens.
+core::Expected<RenderedChat> render_chat_spans(const ChatTemplate& tmpl,
+                                               const nlohmann::ordered_json& messages,
+                                               const ChatRenderOptions& options,
+                                               jinja::TemplateError* detail = nullptr);
 
 // Convenience form of the above.
 core::Expected<std::string> render_chat(const ChatTemplate& tmpl, const nlohmann::ordered_json& messages,

@@ -205,7 +205,10 @@ struct Tokenizer::Impl {
   mutable std::array<Shard, kShards> shards;
 
   void finish_tables();
-  void encode_with(EncodeState& st, std::string_view text, std::vector<int32_t>& out) const;
+  void encode_with(EncodeState& st, std::string_view text, std::vector<int32_t>& out,
+                   std::span<const TextSpan> literal = {}) const;
+  void encode_sharded(std::string_view text, std::vector<int32_t>& out,
+                      std::span<const TextSpan> literal) const;
   void encode_text(EncodeState& st, std::string_view text, std::vector<int32_t>& out) const;
   // tokenizers' simple_id_to_token, then the model.
   const std::string* token_string(int32_t id) const {
@@ -270,12 +273,29 @@ void Tokenizer::Impl::encode_text(EncodeState& st, std::string_view text, std::v
   pre.run(text, st.pre, emit_piece, &ctx);
 }
 
-void Tokenizer::Impl::encode_with(EncodeState& st, std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_sharded(std::string_view text, std::vector<int32_t>& out,
+                                     std::span<const TextSpan> literal) const {
+  // Take a free shard, starting from one picked by thread so that threads tend to keep their own cache.
+  const size_t start = std::hash<std::thread::id>{}(std::this_thread::get_id()) % kShards;
+  for (size_t k = 0; k < kShards; ++k) {
+    Shard& sh = shards[(start + k) % kShards];
+    std::unique_lock<std::mutex> lock(sh.mu, std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    if (!sh.state) sh.state = std::make_unique<EncodeState>(size_t{1} << 15);
+    encode_with(*sh.state, text, out, literal);
+    return;
+  }
+  EncodeState local(64);
+  encode_with(local, text, out, literal);
+}
+
+void Tokenizer::Impl::encode_with(EncodeState& st, std::string_view text, std::vector<int32_t>& out,
+                                  std::span<const TextSpan> literal) const {
   // 1. Non-normalized added tokens on the raw text; 2. normalize the rest; 3. normalized added tokens;
   // 4. pre-tokenize and run the model on what remains (tokenizers: AddedVocabulary::extract_and_normalize).
   auto& raw = st.raw_splits;
   if (added.has_tokens(false)) {
-    added.split(text, false, raw);
+    added.split(text, false, raw, literal);
   } else {
     raw.clear();
     if (!text.empty()) raw.push_back({0, text.size(), -1});
@@ -292,7 +312,10 @@ void Tokenizer::Impl::encode_with(EncodeState& st, std::string_view text, std::v
       continue;
     }
     auto& ns = st.norm_splits;
-    added.split(norm, true, ns);
+    const bool holds_literal = std::any_of(literal.begin(), literal.end(), [&](const TextSpan& l) {
+      return l.begin < sp.end && sp.begin < l.end;
+    });
+    added.split(norm, true, ns, {}, holds_literal);
     for (const auto& n : ns) {
       if (n.id >= 0)
         out.push_back(n.id);
@@ -487,18 +510,38 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) 
     text = repaired;
   }
   out.reserve(out.size() + text.size() / 4 + 4);
-  // Take a free shard, starting from one picked by thread so that threads tend to keep their own cache.
-  const size_t start = std::hash<std::thread::id>{}(std::this_thread::get_id()) % kShards;
-  for (size_t k = 0; k < kShards; ++k) {
-    Impl::Shard& sh = impl_->shards[(start + k) % kShards];
-    std::unique_lock<std::mutex> lock(sh.mu, std::try_to_lock);
-    if (!lock.owns_lock()) continue;
-    if (!sh.state) sh.state = std::make_unique<EncodeState>(size_t{1} << 15);
-    impl_->encode_with(*sh.state, text, out);
-    return;
+  impl_->encode_sharded(text, out, {});
+}
+
+std::vector<int32_t> Tokenizer::encode_literal(std::string_view text,
+                                               std::span<const TextSpan> literal) const {
+  if (literal.empty()) return encode(text);
+  std::string repaired;
+  std::vector<TextSpan> moved;
+  if (!is_valid_utf8(text)) {
+    // Repair the text between the ranges (special-token spellings are valid UTF-8) and move the ranges.
+    size_t at = 0;
+    for (const TextSpan& l : literal) {
+      append_utf8_lossy(repaired, text.substr(at, l.begin - at));
+      moved.push_back({repaired.size(), repaired.size() + (l.end - l.begin)});
+      append_utf8_lossy(repaired, text.substr(l.begin, l.end - l.begin));
+      at = l.end;
+    }
+    append_utf8_lossy(repaired, text.substr(at));
+    text = repaired;
+    literal = moved;
   }
-  EncodeState local(64);
-  impl_->encode_with(local, text, out);
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 4 + 4);
+  impl_->encode_sharded(text, out, literal);
+  return out;
+}
+
+std::vector<std::string> Tokenizer::special_token_texts() const {
+  std::vector<std::string> out;
+  for (const auto& [id, t] : impl_->added.tokens_by_id())
+    if (t.special) out.push_back(t.content);
+  return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

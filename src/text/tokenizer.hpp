@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/status.hpp"
+#include "text/text_span.hpp"
 
 namespace deltaflow::text {
 
@@ -51,6 +52,13 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Appends to out.
   void encode_append(std::string_view text, std::vector<int32_t>& out) const;
+  // The same, except that added tokens overlapping a `literal` range (sorted, disjoint byte ranges of
+  // text) are not matched there: that text is tokenized as ordinary text, in context with what surrounds
+  // it (tokenizers' split_special_tokens, for those ranges only). Special tokens whose matching happens after
+  // normalization are then not matched anywhere in a segment that holds a literal range.
+  std::vector<int32_t> encode_literal(std::string_view text, std::span<const TextSpan> literal) const;
+  // The contents of the added tokens marked special, in id order.
+  std::vector<std::string> special_token_texts() const;
   // Unknown ids are skipped, as tokenizers does.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 

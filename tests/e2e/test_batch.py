@@ -202,3 +202,38 @@ def test_progress_bar_on_a_terminal(tiny_models, tmp_path):
     # Not on a pipe.
     p = batch(tiny_models["dense"], inp, str(tmp_path / "out2.jsonl"))
     assert "ETA" not in p.stderr and "8 ok" in p.stderr
+
+
+def test_sigterm_stops_cleanly_then_resume_equals_an_uninterrupted_run(tiny_models, tmp_path):
+    inp = str(tmp_path / "in.jsonl")
+    reqs = requests(40)
+    for r in reqs:
+        r["body"]["max_tokens"] = 100  # long enough to be stopped in the middle
+    write_input(inp, reqs)
+    ref_path = str(tmp_path / "ref.jsonl")
+    batch(tiny_models["dense"], inp, ref_path, "--max-queue", "2")
+    ref = results(ref_path)
+
+    out = str(tmp_path / "out.jsonl")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        before = line_count(out)
+        proc = subprocess.Popen([BIN, "batch", "--model", tiny_models["dense"], "--device", "cpu", "--input", inp,
+                                 "--output", out, "--resume", "--max-queue", "2"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None and line_count(out) < before + 3:
+            time.sleep(0.002)
+        assert proc.poll() is None, "the job finished before it could be stopped"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err
+        name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+        assert ("stopped by %s: " % name) in err and "run again with --resume to finish" in err, err
+        # Whole lines only: every line parses, no duplicates.
+        assert open(out).read().endswith("\n")
+        done = results(out)
+        assert len(done) == line_count(out) and len(done) < 40
+    p = batch(tiny_models["dense"], inp, out, "--resume")
+    final = results(out)
+    assert sorted(final) == sorted(ref)
+    for k in ref:
+        assert content(final[k]) == content(ref[k]), k

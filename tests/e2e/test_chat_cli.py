@@ -49,3 +49,16 @@ def test_chat_two_turns_then_eof(tiny_models):
                        input="hello\nand again\n", capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("> ") == 3  # two turns, then the prompt that read EOF
+
+
+def test_chat_special_tokens_typed_stay_text(tiny_models):
+    # Typed special tokens are text: several tokens each, so with a 20-token context this line no longer fits
+    # (the chat says how many tokens it came to); with --allow-special-in-content each is one token and it fits.
+    line = "<|im_end|><|im_start|><|im_end|>\n"
+    base = [BIN, "chat", "--model", tiny_models["dense"], "--max-tokens", "2", "--max-model-len", "20"]
+    p = subprocess.run(base, input=line, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "fills the context" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--allow-special-in-content"], input=line, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "fills the context" not in p.stderr, p.stderr
