@@ -243,7 +243,11 @@ void Scheduler::run() {
       step_once();
     } catch (const std::exception& ex) {
       // A backend that throws (allocation failure) fails the sequences of this step, not the process.
-      for (auto& s : running_) finish(*s, FinishReason::kError, std::string("engine failure: ") + ex.what());
+      for (auto& s : running_) {
+        for (const auto& sn : s->snaps) slots_.give_back(sn.slot);  // this step's snapshot slots
+        s->snaps.clear();
+        finish(*s, FinishReason::kError, std::string("engine failure: ") + ex.what());
+      }
       running_.clear();
     }
     publish_stats();
