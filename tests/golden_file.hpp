@@ -31,6 +31,11 @@ class GoldenFile {
     return nullptr;
   }
   std::vector<float> f32(const std::string& name) const { return read<float>(name, core::DType::kF32); }
+  std::string metadata(const std::string& key) const {
+    if (!file_) return {};
+    const auto it = file_->header().metadata.find(key);
+    return it == file_->header().metadata.end() ? std::string() : it->second;
+  }
   std::vector<int32_t> i32(const std::string& name) const { return read<int32_t>(name, core::DType::kI32); }
 
  private:

@@ -179,10 +179,30 @@ core::Expected<TextConfig> parse_text_config(const std::string& json_text, const
   if (t.contains("rope_parameters") && t["rope_parameters"].is_object()) {
     const json& rp = t["rope_parameters"];
     const std::string rw = w + ": rope_parameters";
-    std::string rope_type = "default";
-    DF_TRY(read_opt(rp, "rope_type", rope_type, rw));
-    if (rope_type != "default")
-      return core::Error{rw + ": unsupported rope_type '" + rope_type + "' (only 'default')"};
+    RopeScaling& rs = c.rope_scaling;
+    DF_TRY(read_opt(rp, "rope_type", rs.type, rw));
+    if (rs.type != "default" && rs.type != "linear" && rs.type != "yarn")
+      return core::Error{rw + ": unsupported rope_type '" + rs.type + "' (supported: default, linear, yarn)"};
+    if (rs.type != "default") {
+      if (rp.contains("factor") && !rp["factor"].is_null()) DF_TRY(read_opt(rp, "factor", rs.factor, rw));
+      if (rs.type == "yarn") {
+        for (const auto& [key, field] :
+             {std::pair<const char*, double*>{"attention_factor", &rs.attention_factor},
+              {"beta_fast", &rs.beta_fast},
+              {"beta_slow", &rs.beta_slow},
+              {"mscale", &rs.mscale},
+              {"mscale_all_dim", &rs.mscale_all_dim}})
+          if (rp.contains(key) && !rp[key].is_null()) DF_TRY(read_opt(rp, key, *field, rw));
+        DF_TRY(read_opt(rp, "truncate", rs.truncate, rw));
+        if (!rp.contains("original_max_position_embeddings"))
+          return core::Error{rw + ": rope_type 'yarn' needs 'original_max_position_embeddings'"};
+        DF_TRY(read_opt(rp, "original_max_position_embeddings", rs.original_max_position_embeddings, rw));
+        if (rs.original_max_position_embeddings <= 0)
+          return core::Error{rw + ": 'original_max_position_embeddings' must be positive"};
+        if (!rp.contains("factor") || rp["factor"].is_null()) rs.factor = 0;  // from the lengths, below
+      }
+      if (rs.type == "linear" && !(rs.factor > 0)) return core::Error{rw + ": 'factor' must be positive"};
+    }
     DF_TRY(read_opt(rp, "rope_theta", c.rope_theta, rw));
     DF_TRY(read_opt(rp, "partial_rotary_factor", c.partial_rotary_factor, rw));
     DF_TRY(read_opt(rp, "mrope_interleaved", c.mrope_interleaved, rw));
@@ -190,6 +210,10 @@ core::Expected<TextConfig> parse_text_config(const std::string& json_text, const
       DF_ASSIGN(c.mrope_section, read_int_list(rp["mrope_section"], "mrope_section", rw));
     }
   }
+
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.factor == 0)  // as transformers: the lengths' ratio
+    c.rope_scaling.factor = static_cast<double>(c.max_position_embeddings) /
+                            static_cast<double>(c.rope_scaling.original_max_position_embeddings);
 
   if (t.contains("eos_token_id") && !t["eos_token_id"].is_null()) {
     DF_ASSIGN(c.eos_token_ids, read_int_list(t["eos_token_id"], "eos_token_id", w));

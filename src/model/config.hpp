@@ -16,6 +16,18 @@ enum class LayerType { kLinearAttention, kFullAttention };
 
 const char* architecture_name(Architecture a);
 
+// rope_parameters' scaling (model/rope.hpp): rope_type "default", "linear" or "yarn" and their fields, with
+// transformers' defaults.
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double attention_factor = 0;  // yarn; 0: derived from factor (and mscale / mscale_all_dim)
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 0, mscale_all_dim = 0;
+  int64_t original_max_position_embeddings = 0;
+  bool truncate = true;
+};
+
 struct TextConfig {
   Architecture architecture = Architecture::kQwen35Dense;
   std::string model_type;          // the top-level model_type as written ("qwen3_5", "qwen3_5_moe_text", ...)
@@ -44,6 +56,7 @@ struct TextConfig {
 
   // rope_parameters.
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double partial_rotary_factor = 0.25;
   std::vector<int64_t> mrope_section;  // [t, h, w] frequency counts; empty when absent
   bool mrope_interleaved = false;

@@ -10,6 +10,7 @@
 #include "backend/host_sampling.hpp"
 #include "backend/kv_quant.hpp"
 #include "core/threads.hpp"
+#include "model/rope.hpp"
 
 namespace deltaflow::backend::cpu {
 
@@ -57,12 +58,10 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
     b->mtp_norm_hidden_ = load_all(m.pre_fc_norm_hidden);
     b->mtp_norm_ = load_all(m.norm);
   }
-  // inv_freq[i] = 1 / theta^(2i / rot), as Qwen3_5TextRotaryEmbedding computes it.
-  const int64_t rot = c.rotary_dim();
-  for (int64_t i = 0; i < rot / 2; ++i)
-    b->inv_freq_.push_back(static_cast<float>(
-        1.0 /
-        std::pow(c.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(rot)))));
+  // RoPE frequencies (and yarn's attention factor) from rope_parameters, as transformers computes them.
+  const auto rope = model::rope_frequencies(c);
+  b->inv_freq_ = rope.inv_freq;
+  b->rope_scaling_ = rope.attention_scaling;
   return b;
 }
 
@@ -251,8 +250,8 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
     for (int64_t i = 0; i < run.n_rows; ++i) {
       const int64_t t = run.first_row + i, p = run.start_pos + i;
       run_of[static_cast<size_t>(t)] = &run;
-      rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p);
-      rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p);
+      rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
+      rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
       for (int64_t h = 0; h < nkv; ++h) {
         round_kv_row(kx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);
         round_kv_row(vx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);

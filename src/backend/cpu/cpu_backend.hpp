@@ -152,6 +152,7 @@ class CpuBackend final : public Backend, public SequenceBackend {
   LayerConsts mtp_consts_;  // the MTP decoder layer's norms, and its norms before fc and after the layer
   std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_, mtp_norm_;
   std::vector<float> inv_freq_;      // RoPE, rotary_dim / 2 entries
+  float rope_scaling_ = 1.0f;        // yarn's attention factor on cos and sin
   std::vector<int64_t> type_index_;  // layer -> index among layers of its type
   int64_t n_linear_ = 0, n_full_ = 0;
 

@@ -66,12 +66,13 @@ void l2norm(float* x, int64_t T, int64_t n, float eps) {
   }
 }
 
-void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos) {
+void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos,
+               float scaling) {
   const int64_t half = rot / 2;
   for (int64_t i = 0; i < half; ++i) {
     // Frequencies in fp32 as transformers computes them (inv_freq @ position_ids in fp32).
     const float f = static_cast<float>(pos) * inv_freq[i];
-    const float c = std::cos(f), s = std::sin(f);
+    const float c = std::cos(f) * scaling, s = std::sin(f) * scaling;  // yarn's attention factor
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + h * head_dim;
       const float a = v[i], b = v[i + half];

@@ -52,7 +52,8 @@ inline float softplus(float x) {
 
 // NeoX rotate-half RoPE on the first `rot` dims of each of `heads` vectors of `head_dim`, at position `pos`.
 // inv_freq has rot/2 entries.
-void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos);
+void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos,
+               float scaling = 1.0f);
 
 // In-place softmax over n values (max-subtracted).
 void softmax(float* x, int64_t n);

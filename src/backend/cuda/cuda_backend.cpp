@@ -25,6 +25,7 @@
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "io/safetensors.hpp"
+#include "model/rope.hpp"
 #include "model/weight_summary.hpp"
 #include "model/weights.hpp"
 
@@ -173,13 +174,8 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
     DF_ASSIGN(lm_head, lay.mat(w ? one(w->lm_head) : std::vector<const model::Mat*>{}, V, H, hs, "lm_head"));
   }
   final_norm = lay.vec(w ? &w->norm : nullptr, H, 0.1f, 0.0f);
-  // inv_freq[i] = 1 / theta^(2i / rot), as Qwen3_5TextRotaryEmbedding (and the CPU backend) compute it.
-  const int64_t rot = c.rotary_dim();
-  std::vector<float> f;
-  for (int64_t i = 0; i < rot / 2; ++i)
-    f.push_back(static_cast<float>(
-        1.0 /
-        std::pow(c.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(rot)))));
+  // RoPE frequencies from rope_parameters, as transformers (and the CPU backend) compute them.
+  std::vector<float> f = model::rope_frequencies(c).inv_freq;
   if (f.empty()) f.push_back(0.0f);
   inv_freq = lay.values(std::move(f));
 
@@ -391,6 +387,10 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   DF_ASSIGN(model::TextConfig c, model::load_text_config(dir));
+  if (model::rope_frequencies(c).attention_scaling != 1.0f)
+    return core::Error{
+        dir + "/config.json: rope_type '" + c.rope_scaling.type +
+        "' scales cos and sin, which the CUDA attention kernels do not yet (--device cpu runs it)"};
   DF_TRY(b->init_device(c, opt));
   DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(dir));
   DF_ASSIGN(model::ModelWeights whole, model::bind_weights(b->config_, ck));
