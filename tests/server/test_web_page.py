@@ -89,10 +89,36 @@ def test_page_loads_offline_and_chats(browser, server, client):
     assert b.eval("document.querySelector('.msg.user .content').textContent") == "Write a sort function"
 
 
+# The page's stream, seen slowly: each chunk 100 ms after the last, and the request made with ignore_eos so the
+# tiny model cannot end it early. However fast the engine is, the page is still generating when Stop is clicked;
+# an abort ends the slowed stream at once, as it ends a real one.
+SLOW_STREAM = """(() => {
+  const orig = window.fetch;
+  window.fetch = async (url, opts) => {
+    if (!String(url).includes('/chat/completions')) return orig(url, opts);
+    const body = JSON.parse(opts.body); body.ignore_eos = true;
+    const res = await orig(url, Object.assign({}, opts, {body: JSON.stringify(body)}));
+    if (!res.ok || !res.body) return res;
+    const reader = res.body.getReader(), signal = opts.signal;
+    const aborted = () => new DOMException('The user aborted a request.', 'AbortError');
+    const slow = new ReadableStream({
+      async pull(c) {
+        await new Promise(r => setTimeout(r, 100));
+        if (signal && signal.aborted) { reader.cancel(); throw aborted(); }
+        const {done, value} = await reader.read();
+        if (done) c.close(); else c.enqueue(value);
+      },
+      cancel(reason) { return reader.cancel(reason); }});
+    return new Response(slow, {status: res.status, statusText: res.statusText, headers: res.headers});
+  };
+})()"""
+
+
 def test_stop_button_cancels_the_generation(browser, server):
     b = browser
     b.navigate(server.url + "/")
     settings(b, api_key=API_KEY, temperature="1", max_tokens="3000", thinking="off")
+    b.eval(SLOW_STREAM)
     b.eval("document.getElementById('new-chat').click()")
     send(b, "Tell me a long story")
     b.wait_for("(document.querySelector('.msg.assistant .content') || {}).textContent?.length > 0")
