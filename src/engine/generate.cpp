@@ -19,7 +19,7 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
     return core::Error{"tensor parallelism needs --device cuda: the CPU backend runs on one device"};
 #ifdef DELTAFLOW_HAVE_CUDA
   const bool on_gpu = tensor_parallel > 1 || device == Device::kCuda ||
-                    (device == Device::kAuto && !backend::cuda::list_devices().empty());
+                      (device == Device::kAuto && !backend::cuda::list_devices().empty());
   if (on_gpu && limits.kv_cache_dtype != backend::KvCacheDtype::kAuto)
     return core::Error{std::string("--kv-cache-dtype ") +
                        backend::kv_cache_dtype_name(limits.kv_cache_dtype) +

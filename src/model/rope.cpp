@@ -9,11 +9,6 @@ RopeFrequencies rope_frequencies(const TextConfig& c) {
   RopeFrequencies r;
   const int64_t dim = c.rotary_dim();
   const RopeScaling& s = c.rope_scaling;
-  // base^(2i / dim) in fp32 as torch computes `base ** (arange(0, dim, 2).float() / dim)`.
-  std::vector<float> pos_freqs;
-  for (int64_t i = 0; i < dim / 2; ++i)
-    pos_freqs.push_back(static_cast<float>(
-        std::pow(c.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(dim)))));
   if (s.type == "default" || s.type == "linear") {
     // 1 / theta^(2i / rot) (and / factor for linear), the reciprocal in double.
     const double factor = s.type == "linear" ? s.factor : 1.0;
@@ -25,6 +20,11 @@ RopeFrequencies rope_frequencies(const TextConfig& c) {
     return r;
   }
   // yarn (_compute_yarn_parameters).
+  // base^(2i / dim) in fp32 as torch computes `base ** (arange(0, dim, 2).float() / dim)`.
+  std::vector<float> pos_freqs;
+  for (int64_t i = 0; i < dim / 2; ++i)
+    pos_freqs.push_back(static_cast<float>(
+        std::pow(c.rope_theta, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(dim)))));
   const double factor = s.factor;
   auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
   double attention = s.attention_factor;

@@ -147,8 +147,7 @@ TEST_F(QuantWriter, ErrorsAreOneLine) {
   ASSERT_TRUE(model::write_tiny_checkpoint("dense", 1, base_ + "/bf16").is_ok());
   auto f = model::quant::write_quantized_checkpoint(base_ + "/bf16", base_ + "/q", "int4", nullptr);
   ASSERT_FALSE(f.is_ok());
-  EXPECT_EQ(f.message(),
-            "format 'int4' is not supported (supported: nvfp4, nvfp4-mixed, fp8-block)");
+  EXPECT_EQ(f.message(), "format 'int4' is not supported (supported: nvfp4, nvfp4-mixed, fp8-block)");
   auto again = model::quant::write_quantized_checkpoint(std::string(DF_FIXTURES) + "/quant/qwen_fp8_dense",
                                                         base_ + "/q2", "nvfp4", nullptr);
   ASSERT_FALSE(again.is_ok());
