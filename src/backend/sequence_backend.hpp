@@ -1,7 +1,7 @@
-// The per-sequence API of a backend that keeps each sequence's memory itself (the CUDA and tensor-parallel
-// backends today: a state slot with the KV cache of max_context positions beside it). SequenceStepper
-// (sequence_stepper.hpp) puts such a backend behind the engine's step seam (backend.hpp). Tests also use it
-// to run the CPU reference and the CUDA backend side by side.
+// The per-sequence API of the CUDA and tensor-parallel backends: each sequence a state slot with the KV
+// cache of max_context positions beside it, or (can_page) the engine's pools with the KV in pages named by a
+// block table. SequenceStepper (sequence_stepper.hpp) puts such a backend behind the engine's step seam
+// (backend.hpp). Tests also use it to run the CPU reference and the CUDA backend side by side.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +63,35 @@ class SequenceBackend {
                                      std::vector<int32_t>& ids) {
     (void)logits, (void)specs, (void)ids;
     return core::Error{std::string(name()) + " backend: no sampling on the backend"};
+  }
+
+  // Engine-owned memory (backend.hpp's pools), for a backend that can keep its KV in the engine's pages. A
+  // backend that returns true from can_page implements every call below; SequenceStepper then serves the
+  // step seam with paged KV, state copies and snapshots (so the engine's prefix cache works on it), and the
+  // per-sequence calls above hand out no new sequence after allocate_pools.
+  virtual bool can_page() const { return false; }
+  virtual int32_t kv_page_size() const { return 0; }
+  virtual size_t kv_page_bytes() const { return 0; }
+  virtual size_t state_slot_bytes() const { return 0; }
+  virtual core::Status allocate_pools(const PoolRequest& request, Pools& pools) {
+    (void)request, (void)pools;
+    return core::Error{std::string(name()) + " backend: no paged KV"};
+  }
+  // The sequence in state `slot`, holding start_pos tokens, about to run up to end_pos; `pages` is its block
+  // table (covering end_pos). start_pos 0 zeroes the slot's recurrent state. The pointer stays valid until
+  // the next allocate_pools.
+  virtual core::Expected<SequenceState*> bind(int32_t slot, int64_t start_pos, int64_t end_pos,
+                                              std::span<const int32_t> pages) {
+    (void)slot, (void)start_pos, (void)end_pos, (void)pages;
+    return core::Error{std::string(name()) + " backend: no paged KV"};
+  }
+  virtual core::Status copy_state(int32_t from_slot, int32_t to_slot) {
+    (void)from_slot, (void)to_slot;
+    return core::Error{std::string(name()) + " backend: no paged KV"};
+  }
+  virtual core::Status copy_pages(std::span<const PageCopy> copies) {
+    (void)copies;
+    return core::Error{std::string(name()) + " backend: no paged KV"};
   }
 };
 

@@ -8,23 +8,25 @@ namespace deltaflow::backend {
 
 SequenceStepper::SequenceStepper(std::unique_ptr<SequenceBackend> inner)
     : owned_(std::move(inner)), inner_(owned_.get()) {
-  pools_.paged = false;
+  pools_.paged = inner_->can_page();
 }
 
 SequenceStepper::SequenceStepper(SequenceBackend& inner) : inner_(&inner) {
-  pools_.paged = false;
+  pools_.paged = inner_->can_page();
 }
 
 int32_t SequenceStepper::page_size() const {
+  if (inner_->can_page()) return inner_->kv_page_size();
   // The engine still counts positions in pages; one page is the whole per-sequence cache.
   return static_cast<int32_t>(std::min<int64_t>(inner_->max_context(), 1 << 30));
 }
 
 core::Status SequenceStepper::allocate(const PoolRequest& r) {
+  seqs_.clear();
+  if (inner_->can_page()) return inner_->allocate_pools(r, pools_);
   if (r.state_slots > inner_->max_sequences())
     return core::Error{std::string(name()) + " backend: " + std::to_string(r.state_slots) +
                        " sequences asked for, it was loaded for " + std::to_string(inner_->max_sequences())};
-  seqs_.clear();
   seqs_.resize(static_cast<size_t>(r.state_slots));
   pools_.page_size = page_size();
   pools_.kv_pages = r.state_slots;  // one "page" per sequence: its own cache
@@ -37,6 +39,8 @@ core::Status SequenceStepper::allocate(const PoolRequest& r) {
 }
 
 core::Expected<SequenceState*> SequenceStepper::sequence_for(const SeqRun& run) {
+  if (inner_->can_page())
+    return inner_->bind(run.state_slot, run.start_pos, run.start_pos + run.n_rows, run.kv_pages);
   if (run.state_slot < 0 || static_cast<size_t>(run.state_slot) >= seqs_.size())
     return core::Error{"step: state slot " + std::to_string(run.state_slot) + " is outside the pool"};
   if (!run.snapshots.empty()) return core::Error{std::string(name()) + " backend: no state snapshots"};
@@ -50,6 +54,31 @@ core::Expected<SequenceState*> SequenceStepper::sequence_for(const SeqRun& run) 
                        std::to_string(s ? s->length() : 0) + " tokens, the run starts at " +
                        std::to_string(run.start_pos)};
   return s.get();
+}
+
+core::Status SequenceStepper::prefill_run(const SeqRun& r, SequenceState* s,
+                                          std::span<const int32_t> tokens) {
+  logits_.clear();
+  std::vector<float> part;
+  int32_t done = 0;
+  const auto run_part = [&](int32_t end) -> core::Status {
+    if (end <= done) return core::Status();
+    // Logits of every row (kAll), or of the run's last row only.
+    const bool last_part = end == r.n_rows;
+    PrefillItem item{s, tokens.subspan(static_cast<size_t>(done), static_cast<size_t>(end - done)),
+                     r.logits == RunLogits::kAll};
+    DF_TRY(inner_->prefill(std::span<const PrefillItem>(&item, 1), part));
+    if (r.logits == RunLogits::kAll || last_part) logits_.insert(logits_.end(), part.begin(), part.end());
+    done = end;
+    return core::Status();
+  };
+  for (const StateSnapshot& snap : r.snapshots) {
+    if (snap.rows < 1 || snap.rows > r.n_rows || snap.rows < done)
+      return core::Error{"step: snapshot rows must ascend within the run"};
+    DF_TRY(run_part(snap.rows));
+    DF_TRY(inner_->copy_state(r.state_slot, snap.slot));
+  }
+  return run_part(r.n_rows);
 }
 
 core::Expected<int32_t> SequenceStepper::draw(std::span<const float> row, const SamplingSpec& spec) {
@@ -78,14 +107,13 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     const auto& r = step.runs[i];
     DF_ASSIGN(SequenceState * s, sequence_for(r));
     const auto tokens = step.tokens.subspan(static_cast<size_t>(r.first_row), static_cast<size_t>(r.n_rows));
-    if (r.n_rows == 1 && r.start_pos > 0) {
+    if (r.n_rows == 1 && r.start_pos > 0 && r.snapshots.empty()) {
       dec_seqs.push_back(s);
       dec_tokens.push_back(tokens[0]);
       dec_runs.push_back(i);
       continue;
     }
-    PrefillItem item{s, tokens, r.logits == RunLogits::kAll};
-    DF_TRY(inner_->prefill(std::span<const PrefillItem>(&item, 1), logits_));
+    DF_TRY(prefill_run(r, s, tokens));
     if (r.logits != RunLogits::kNone)
       std::copy(logits_.begin(), logits_.end(),
                 out.logits.begin() + static_cast<std::ptrdiff_t>(offsets[i] * V));
@@ -122,12 +150,14 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
   return core::Status();
 }
 
-core::Status SequenceStepper::copy_state(int32_t, int32_t) {
-  return core::Error{std::string(name()) + " backend: states are not copied (no paged KV yet)"};
+core::Status SequenceStepper::copy_state(int32_t from_slot, int32_t to_slot) {
+  if (inner_->can_page()) return inner_->copy_state(from_slot, to_slot);
+  return core::Error{std::string(name()) + " backend: states are not copied (no paged KV)"};
 }
 
-core::Status SequenceStepper::copy_pages(std::span<const PageCopy>) {
-  return core::Error{std::string(name()) + " backend: no paged KV yet"};
+core::Status SequenceStepper::copy_pages(std::span<const PageCopy> copies) {
+  if (inner_->can_page()) return inner_->copy_pages(copies);
+  return core::Error{std::string(name()) + " backend: no paged KV"};
 }
 
 }  // namespace deltaflow::backend

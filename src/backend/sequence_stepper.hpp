@@ -1,8 +1,12 @@
-// Puts a SequenceBackend (each sequence's KV kept beside its state, sequence_backend.hpp) behind the step
-// seam. Engine state slot i is the i-th sequence the backend hands out; a run at start_pos 0 starts it
-// afresh. The KV of a sequence is not in the engine's pages (Pools::paged is false): no page sharing, no
-// state copies, so no prefix cache on such a backend. Prefill runs go one by one; the decode rows of a step
-// go together (the backend's batched decode, CUDA graphs on CUDA).
+// Puts a SequenceBackend (sequence_backend.hpp) behind the step seam. Two ways:
+// - paged (the backend's can_page(): CUDA): the backend allocates the engine's pools and each run binds its
+//   state slot and block table; states and pages are copied on request, and a run's snapshots split it at
+//   their rows (the state copied to the snapshot slot after each part), so the prefix cache works.
+// - per-sequence (tensor parallel): engine state slot i is the i-th sequence the backend hands out, a run at
+//   start_pos 0 starts it afresh, and the KV of a sequence is not in the engine's pages (Pools::paged is
+//   false): no page sharing, no state copies, so no prefix cache.
+// Prefill runs go one by one; the decode rows of a step go together (the backend's batched decode, CUDA
+// graphs on CUDA).
 #pragma once
 
 #include <memory>
@@ -22,8 +26,8 @@ class SequenceStepper final : public Backend {
   const model::TextConfig& config() const override { return inner_->config(); }
   const char* name() const override { return inner_->name(); }
   int32_t page_size() const override;
-  size_t page_bytes() const override { return 0; }
-  size_t slot_bytes() const override { return 0; }
+  size_t page_bytes() const override { return inner_->can_page() ? inner_->kv_page_bytes() : 0; }
+  size_t slot_bytes() const override { return inner_->can_page() ? inner_->state_slot_bytes() : 0; }
   core::Status allocate(const PoolRequest& request) override;
   const Pools& pools() const override { return pools_; }
   core::Status step(const Step& step, StepOut& out) override;
@@ -34,6 +38,9 @@ class SequenceStepper final : public Backend {
 
  private:
   core::Expected<SequenceState*> sequence_for(const SeqRun& run);
+  // A prefill run (or one with snapshots): its tokens in parts ending at the snapshot rows, the state copied
+  // after each; logits rows appended to logits_.
+  core::Status prefill_run(const SeqRun& run, SequenceState* s, std::span<const int32_t> tokens);
   // The draw from one host row: on the backend when it samples, else the host reference.
   core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec);
 

@@ -124,7 +124,7 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     text << in.rdbuf();
     DF_ASSIGN(model::TextConfig config, model::parse_text_config(text.str(), *synth));
     backend::cuda::CudaOptions opt;
-    opt.max_sequences = eo.max_num_seqs;
+    opt.engine_pools = true;
     opt.max_context = eo.max_model_len;
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
     l.roof.weight_bytes = static_cast<double>(b->weight_bytes());

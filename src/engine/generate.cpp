@@ -35,6 +35,7 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
     return std::unique_ptr<backend::Backend>(std::make_unique<backend::SequenceStepper>(std::move(b)));
   }
   if (device == Device::kCuda || (device == Device::kAuto && !backend::cuda::list_devices().empty())) {
+    opt.engine_pools = true;  // the engine's pools: paged KV, state copies, the prefix cache
     DF_ASSIGN(auto cuda, backend::cuda::CudaBackend::load(dir, opt));
     return std::unique_ptr<backend::Backend>(std::make_unique<backend::SequenceStepper>(std::move(cuda)));
   }

@@ -160,8 +160,12 @@ TEST_P(CudaModel, GreedyIdsMatchGoldens) {
   const auto ref = golden_.i32("greedy_ids");
   engine::GenerateOptions opt;
   opt.max_tokens = static_cast<int>(ref.size());
-  // Through the engine, as the commands run it.
-  backend::SequenceStepper stepper(*cuda_);
+  // Through the engine, as the commands run it: the engine's pools, paged KV.
+  CudaOptions pooled;
+  pooled.engine_pools = true;
+  auto engine_backend = load_cuda(pooled);
+  ASSERT_TRUE(engine_backend.is_ok()) << engine_backend.message();
+  backend::SequenceStepper stepper(std::move(engine_backend).value());
   auto sched = engine::Scheduler::start(stepper, {.max_model_len = 512, .max_num_seqs = 2});
   ASSERT_TRUE(sched.is_ok()) << sched.message();
   auto r = engine::generate(**sched, prompt, opt);

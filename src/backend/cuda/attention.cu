@@ -4,6 +4,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -46,8 +47,7 @@ __global__ void kernel_qk_norm_rope(QkvArgs a) {
     a.q_out[(static_cast<int64_t>(t) * a.nh + hh) * a.hd + i] = y;
     return;
   }
-  const int64_t at = static_cast<int64_t>(a.tok_slot[t]) * a.cache.slot_stride +
-                     (static_cast<int64_t>(kvh) * a.cache.max_ctx + pos) * a.hd + i;
+  const int64_t at = kv_offset(a.cache, a.tok_slot[t], kvh, pos, a.hd) + i;
   static_cast<KvT*>(a.cache.k)[at] = from_f32<KvT>(y);
   const float v = row[static_cast<int64_t>(a.nh) * qw + static_cast<int64_t>(a.nkv) * a.hd + kvh * a.hd + i];
   static_cast<KvT*>(a.cache.v)[at] = from_f32<KvT>(v);
@@ -72,10 +72,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
   const int64_t kbeg = static_cast<int64_t>(sp) * split_keys;
   const int64_t kend = min64(kbeg + split_keys, static_cast<int64_t>(a.tok_pos[t1 - 1]) + 1);
   if (kbeg >= kend) return;  // past the sequence: the combine step does not read this split
-  const int64_t base = static_cast<int64_t>(a.tok_slot[t0]) * a.cache.slot_stride +
-                       static_cast<int64_t>(hk) * a.cache.max_ctx * kHd;
-  const KvT* K = static_cast<const KvT*>(a.cache.k) + base;
-  const KvT* V = static_cast<const KvT*>(a.cache.v) + base;
+  const int row = a.tok_slot[t0];
 
   float q[PW][DPL], acc[PW][DPL], m[PW], l[PW];
   int lim[PW], tok[PW], head[PW];
@@ -99,13 +96,17 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
   constexpr int kVecs = kTileKeys * kHd / kPerVec;
   for (int64_t j0 = kbeg; j0 < kend; j0 += kTileKeys) {
     const int nk = static_cast<int>(min64(kTileKeys, kend - j0));
+    // The tile's keys are consecutive in the cache: a page holds a whole number of tiles (j0 % 16 == 0).
+    const int64_t tile = kv_offset(a.cache, row, hk, static_cast<int>(j0), kHd);
+    const KvT* K = static_cast<const KvT*>(a.cache.k) + tile;
+    const KvT* V = static_cast<const KvT*>(a.cache.v) + tile;
     __syncthreads();
     for (int vi = threadIdx.x; vi < kVecs; vi += kThreads) {
       const int r = vi * kPerVec / kHd;
       float kf[kPerVec], vf[kPerVec];
       if (r < nk) {
-        const uint4 kr = *reinterpret_cast<const uint4*>(K + j0 * kHd + static_cast<int64_t>(vi) * kPerVec);
-        const uint4 vr = *reinterpret_cast<const uint4*>(V + j0 * kHd + static_cast<int64_t>(vi) * kPerVec);
+        const uint4 kr = *reinterpret_cast<const uint4*>(K + static_cast<int64_t>(vi) * kPerVec);
+        const uint4 vr = *reinterpret_cast<const uint4*>(V + static_cast<int64_t>(vi) * kPerVec);
         unpack16(kr, kf, KvT{});
         unpack16(vr, vf, KvT{});
       } else {
@@ -185,7 +186,7 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
     // Up to 4 pairs per warp: as many query tokens per block as fill 32 pairs.
     constexpr int kPW = 4;
     qt = std::max(1, kWarps * kPW / grp);
-    split_keys = static_cast<int>(std::min<int64_t>(a.cache.max_ctx, 1 << 30));
+    split_keys = 1 << 30;  // one split over every key
     grid = dim3(static_cast<unsigned>((a.n_tokens + qt - 1) / qt), static_cast<unsigned>(a.nkv), 1);
     if (grp > kWarps * kPW) return cudaErrorInvalidValue;
     e = launch(kernel_attention<KvT, DPL, kPW>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
@@ -240,6 +241,8 @@ cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return cudaSuccess;
   if (a.nkv <= 0 || a.nh % a.nkv != 0 || a.n_tokens > 65535 * 32) return cudaErrorInvalidValue;
   if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535)) return cudaErrorInvalidValue;
+  if (a.cache.block_table && (a.cache.page_shift < 4 || a.cache.page_shift > 20))
+    return cudaErrorInvalidValue;
   AttnArgs b = a;
   // Prefill over a bf16 cache ("fast" mode) runs on the tensor cores; the fp32 cache ("exact" mode) and
   // shapes that kernel does not take stay on the fp32 SIMT kernel below.

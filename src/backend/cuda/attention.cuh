@@ -9,13 +9,21 @@
 
 namespace deltaflow::backend::cuda {
 
-// The KV cache of one layer: [slots, nkv, max_ctx, head_dim], fp32 or bf16. Slot s starts at s * slot_stride.
+// The KV cache of one layer, fp32 or bf16, in one of two layouts:
+// - contiguous (block_table null): [slots, nkv, max_ctx, head_dim]; slot s starts at s * slot_stride.
+// - paged: pages of 2^page_shift positions, page p at p * slot_stride elements holding [nkv, page, head_dim]
+//   of this layer; position i of table row s lives in page block_table[s * table_stride + (i >> page_shift)].
+//   The row is the token's slot (tok_slot). Pages hold at least 16 positions (a decode key tile).
+// kv_offset (kv_cache.cuh) computes the element offset of (row, kv head, position) in either.
 struct KvCache {
   void* k = nullptr;
   void* v = nullptr;
   bool f32 = false;
-  int64_t slot_stride = 0;  // elements
-  int64_t max_ctx = 0;
+  int64_t slot_stride = 0;  // elements: between slots (contiguous) or pages (paged)
+  int64_t max_ctx = 0;      // contiguous: positions per slot
+  const int* block_table = nullptr;
+  int64_t table_stride = 0;  // ints per table row
+  int page_shift = 0;
 };
 
 struct QkvArgs {

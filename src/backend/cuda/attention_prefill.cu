@@ -3,6 +3,7 @@
 
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -99,10 +100,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) kernel_attention_prefill
   const int p_first = a.tok_pos[t0];
   const int kend = a.tok_pos[t0 + nrows - 1] + 1;  // the tile reads keys 0..kend-1
   const int n_tiles = (kend + kKeys - 1) / kKeys;
-  const int64_t base = static_cast<int64_t>(a.tok_slot[t0]) * a.cache.slot_stride +
-                       static_cast<int64_t>(hk) * a.cache.max_ctx * HD;
-  const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.cache.k) + base;
-  const __nv_bfloat16* Vg = static_cast<const __nv_bfloat16*>(a.cache.v) + base;
+  const int row = a.tok_slot[t0];
+  const __nv_bfloat16* Kg = static_cast<const __nv_bfloat16*>(a.cache.k);
+  const __nv_bfloat16* Vg = static_cast<const __nv_bfloat16*>(a.cache.v);
 
   // Keys past kend are zero-filled (the cache there may hold anything, NaN included: 0 * NaN would poison o).
   auto load_kv = [&](int kt, int stage) {
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) kernel_attention_prefill
       const int i = threadIdx.x + it * kThreads;
       const int r = i / kChunks, c = i % kChunks;
       const bool ok = k0 + r < kend;
-      const int64_t off = ok ? static_cast<int64_t>(k0 + r) * HD + c * 8 : 0;
+      const int64_t off = ok ? kv_offset(a.cache, row, hk, k0 + r, HD) + c * 8 : 0;
       cp_async16(shared_addr(Ks + swizzled<HD>(r, c)), Kg + off, ok);
       cp_async16(shared_addr(Vs + swizzled<HD>(r, c)), Vg + off, ok);
     }

@@ -431,8 +431,10 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   // A cache of finite values, so attention over a context the benchmark only claims reads real numbers.
   const core::DType kv_dt = b->plan_.kv_f32 ? core::DType::kF32 : core::DType::kBF16;
   const int64_t kv_elems = static_cast<int64_t>(b->plan_.kv / 2 / core::dtype_size(kv_dt));
-  DF_CUDA_TRY(fill_random(b->k_cache_, kv_dt, kv_elems, seed + 17, 1.0f, 0.0f, b->stream_));
-  DF_CUDA_TRY(fill_random(b->v_cache_, kv_dt, kv_elems, seed + 18, 1.0f, 0.0f, b->stream_));
+  if (kv_elems > 0) {
+    DF_CUDA_TRY(fill_random(b->k_cache_, kv_dt, kv_elems, seed + 17, 1.0f, 0.0f, b->stream_));
+    DF_CUDA_TRY(fill_random(b->v_cache_, kv_dt, kv_elems, seed + 18, 1.0f, 0.0f, b->stream_));
+  }
   DF_CUDA_TRY(cudaStreamSynchronize(b->stream_));
   DF_TRY(b->warm_up());
   b->load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -450,33 +452,17 @@ core::Status CudaBackend::plan_memory() {
   const int64_t Kc = c.linear_conv_kernel_dim;
   const int64_t max_ctx =
       opt_.max_context > 0 ? opt_.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
-  const int slots = opt_.max_sequences + 1;
-  plan_.slots = slots;
   plan_.max_context = max_ctx;
   plan_.kv_f32 = opt_.exact;
   max_splits_ = attention_max_splits(max_ctx);
-
-  // States and KV, one allocation: [conv | gdn | k | v].
   conv_layer_ = C * (Kc - 1);
   conv_slot_ = n_lin * conv_layer_;
   gdn_layer_ = nv * c.linear_key_head_dim * c.linear_value_head_dim;
   gdn_slot_ = n_lin * gdn_layer_;
-  kv_layer_ = nkv * max_ctx * hd;
-  kv_slot_ = n_full * kv_layer_;
-  const size_t kv_es = opt_.exact ? 4 : 2;
-  const size_t conv_bytes = align_up(static_cast<size_t>(slots * conv_slot_) * 4, 256);
-  const size_t gdn_bytes = align_up(static_cast<size_t>(slots * gdn_slot_) * 4, 256);
-  const size_t kv_bytes = align_up(static_cast<size_t>(slots * kv_slot_) * kv_es, 256);
-  plan_.states = conv_bytes + gdn_bytes;
-  plan_.kv = 2 * kv_bytes;
-  DF_CUDA_TRY(cudaMalloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256)));
-  uint8_t* p = static_cast<uint8_t*>(state_mem_);
-  conv_states_ = reinterpret_cast<float*>(p);
-  gdn_states_ = reinterpret_cast<float*>(p + conv_bytes);
-  k_cache_ = p + conv_bytes + gdn_bytes;
-  v_cache_ = p + conv_bytes + gdn_bytes + kv_bytes;
-  DF_CUDA_TRY(cudaMemsetAsync(state_mem_, 0, plan_.states, stream_));
-  slot_used_.assign(static_cast<size_t>(opt_.max_sequences), false);
+  if (!opt_.engine_pools) {
+    DF_TRY(allocate_states(opt_.max_sequences + 1, 0));
+    slot_used_.assign(static_cast<size_t>(opt_.max_sequences), false);
+  }
 
   // Activations for max_rows_ tokens.
   max_rows_ = std::max<int64_t>(opt_.prefill_chunk, kGemvMaxRows);
@@ -571,6 +557,61 @@ core::Status CudaBackend::plan_memory() {
   return core::Status();
 }
 
+core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
+  const auto& c = config_;
+  const int64_t n_full = c.count_layers(LayerType::kFullAttention);
+  const int64_t nkv = c.num_key_value_heads, hd = c.head_dim;
+  if (stream_) DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  destroy_graphs();
+  if (state_mem_) cudaFree(state_mem_);
+  if (block_table_) cudaFree(block_table_);
+  if (table_host_) cudaFreeHost(table_host_);
+  state_mem_ = nullptr;
+  block_table_ = table_host_ = nullptr;
+  conv_states_ = gdn_states_ = nullptr;
+  k_cache_ = v_cache_ = nullptr;
+  plan_.states = plan_.kv = 0;
+  plan_.slots = slots;
+  plan_.kv_pages = pages;
+  scratch_slot_ = slots - 1;
+  // [conv | gdn | k | v], one allocation. KV: [slots][n_full][nkv][max_ctx][hd], or pages of
+  // [n_full][nkv][kPageSize][hd].
+  if (pages > 0) {
+    kv_layer_ = nkv * kPageSize * hd;
+    kv_slot_ = n_full * kv_layer_;
+  } else {
+    kv_layer_ = nkv * plan_.max_context * hd;
+    kv_slot_ = n_full * kv_layer_;
+  }
+  const int64_t kv_units = pages > 0 ? pages : slots;
+  const size_t kv_es = plan_.kv_f32 ? 4 : 2;
+  const size_t conv_bytes = align_up(static_cast<size_t>(slots * conv_slot_) * 4, 256);
+  const size_t gdn_bytes = align_up(static_cast<size_t>(slots * gdn_slot_) * 4, 256);
+  const size_t kv_bytes = align_up(static_cast<size_t>(kv_units * kv_slot_) * kv_es, 256);
+  plan_.states = conv_bytes + gdn_bytes;
+  plan_.kv = 2 * kv_bytes;
+  DF_CUDA_TRY(cudaMalloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256)));
+  uint8_t* p = static_cast<uint8_t*>(state_mem_);
+  conv_states_ = reinterpret_cast<float*>(p);
+  gdn_states_ = reinterpret_cast<float*>(p + conv_bytes);
+  k_cache_ = p + conv_bytes + gdn_bytes;
+  v_cache_ = p + conv_bytes + gdn_bytes + kv_bytes;
+  DF_CUDA_TRY(cudaMemsetAsync(state_mem_, 0, plan_.states, stream_));
+  if (pages > 0) {
+    // Every table entry starts at the scratch page (the last): a row never bound reads finite numbers in
+    // bounds, and a padding row of a graph bucket writes its position 0 there.
+    table_stride_ = (plan_.max_context + kPageSize - 1) / kPageSize;
+    const size_t n = static_cast<size_t>(slots * table_stride_);
+    DF_CUDA_TRY(cudaMalloc(&block_table_, n * 4));
+    DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&table_host_), n * 4, cudaHostAllocDefault));
+    for (size_t i = 0; i < n; ++i) table_host_[i] = static_cast<int>(pages - 1);
+    DF_CUDA_TRY(cudaMemcpyAsync(block_table_, table_host_, n * 4, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(cudaMemsetAsync(k_cache_, 0, 2 * kv_bytes, stream_));
+  }
+  DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return core::Status();
+}
+
 core::Status CudaBackend::tune_gemms() {
   const int64_t T = max_rows_;
   if (!gemm_.ready() || ws_.x16_elems == 0) return core::Status();
@@ -611,6 +652,19 @@ core::Status CudaBackend::tune_gemms() {
 
 core::Status CudaBackend::warm_up() {
   if (!opt_.exact) DF_TRY(tune_gemms());
+  if (opt_.engine_pools) return core::Status();  // graphs come with the pools (allocate_pools)
+  return capture_graphs();
+}
+
+void CudaBackend::destroy_graphs() {
+  for (auto& g : graphs_) {
+    if (g) cudaGraphExecDestroy(g);
+    g = nullptr;
+  }
+}
+
+core::Status CudaBackend::capture_graphs() {
+  destroy_graphs();
   if (!opt_.cuda_graphs) return core::Status();
   for (int bi = 0; bi < 6; ++bi) {
     const int B = kBuckets[bi];
@@ -618,7 +672,7 @@ core::Status CudaBackend::warm_up() {
     for (int r = 0; r < B; ++r) {
       pinned_[r] = 0;
       pinned_[max_rows_ + r] = 0;
-      pinned_[2 * max_rows_ + r] = opt_.max_sequences;
+      pinned_[2 * max_rows_ + r] = scratch_slot_;
     }
     DF_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const core::Status st = enqueue_decode(B);
@@ -638,8 +692,10 @@ core::Status CudaBackend::warm_up() {
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
-  for (auto& g : graphs_)
-    if (g) cudaGraphExecDestroy(g);
+  bound_.clear();
+  destroy_graphs();
+  if (block_table_) cudaFree(block_table_);
+  if (table_host_) cudaFreeHost(table_host_);
   if (pinned_) cudaFreeHost(pinned_);
   if (tp_logits_) cudaFree(tp_logits_);
   if (ws_mem_) cudaFree(ws_mem_);
@@ -813,6 +869,23 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefil
   return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
 }
 
+KvCache CudaBackend::kv_view(int64_t type_index) const {
+  const size_t es = plan_.kv_f32 ? 4 : 2;
+  KvCache kv;
+  kv.k = static_cast<uint8_t*>(k_cache_) + static_cast<size_t>(type_index * kv_layer_) * es;
+  kv.v = static_cast<uint8_t*>(v_cache_) + static_cast<size_t>(type_index * kv_layer_) * es;
+  kv.f32 = plan_.kv_f32;
+  kv.slot_stride = kv_slot_;
+  kv.max_ctx = plan_.max_context;
+  if (block_table_) {
+    kv.block_table = block_table_;
+    kv.table_stride = table_stride_;
+    kv.page_shift = 4;
+    static_assert(kPageSize == 16, "page_shift is log2(kPageSize)");
+  }
+  return kv;
+}
+
 core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefill) {
   const auto& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
@@ -820,13 +893,7 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefil
   prof_.mark("attn qkv_proj", stream_);
   DF_TRY(linear(ws_.xn, H, n, L.qkv, ws_.proj, Q));
   prof_.mark("attn norm+rope", stream_);
-  const size_t es = plan_.kv_f32 ? 4 : 2;
-  KvCache kv;
-  kv.k = static_cast<uint8_t*>(k_cache_) + static_cast<size_t>(L.type_index * kv_layer_) * es;
-  kv.v = static_cast<uint8_t*>(v_cache_) + static_cast<size_t>(L.type_index * kv_layer_) * es;
-  kv.f32 = plan_.kv_f32;
-  kv.slot_stride = kv_slot_;
-  kv.max_ctx = plan_.max_context;
+  const KvCache kv = kv_view(L.type_index);
 
   QkvArgs qa;
   qa.qkv = ws_.proj;
@@ -1188,7 +1255,7 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
       const bool real = r < m;
       pinned_[r] = real ? tokens[static_cast<size_t>(g0 + r)] : 0;
       pinned_[R + r] = real ? static_cast<int>(ss[static_cast<size_t>(g0 + r)]->pos) : 0;
-      pinned_[2 * R + r] = real ? ss[static_cast<size_t>(g0 + r)]->slot : opt_.max_sequences;  // scratch slot
+      pinned_[2 * R + r] = real ? ss[static_cast<size_t>(g0 + r)]->slot : scratch_slot_;
     }
     if (opt_.cuda_graphs && graphs_[static_cast<size_t>(bi)]) {
       DF_CUDA_TRY(cudaGraphLaunch(graphs_[static_cast<size_t>(bi)], stream_));

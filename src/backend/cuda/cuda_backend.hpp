@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention.cuh"
 #include "backend/cuda/gemm.hpp"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/op_profile.hpp"
@@ -36,6 +37,9 @@ struct CudaOptions {
   bool exact = false;            // fp32 into every matmul and an fp32 KV cache
   bool cuda_graphs = true;       // capture the decode step per batch-size bucket
   bool progress = false;         // a load progress bar on stderr (only when it is a terminal)
+  // No per-sequence states or KV at load: the engine's pools come with allocate_pools (the step seam through
+  // SequenceStepper); max_sequences is then unused.
+  bool engine_pools = false;
   // Tensor parallelism (tp_backend.hpp): this backend is rank collective->rank() of world(), holds only its
   // slices of the weights (model/tensor_parallel.hpp) and all-reduces after the row-parallel matmuls.
   // nullptr: the whole model. Not owned; must outlive the backend.
@@ -84,9 +88,10 @@ struct DLayer {
 
 struct MemoryPlan {
   size_t weights = 0, kv = 0, states = 0, workspace = 0;
-  int slots = 0;  // max_sequences + 1 scratch slot (pads graph buckets)
+  int slots = 0;  // state slots + 1 scratch slot (pads graph buckets)
   int64_t max_context = 0;
   bool kv_f32 = false;
+  int64_t kv_pages = 0;  // paged (allocate_pools): KV pages + 1 scratch page; else 0
 };
 
 class CudaBackend;
@@ -142,6 +147,19 @@ class CudaBackend final : public SequenceBackend {
 
   void release_slot(int slot);
 
+  // The engine's pools (cuda_pools.cpp): state slots and KV pages of kPageSize positions, each slot's KV
+  // addressed through its block table (uploaded by bind where it changed). Not with tensor parallelism.
+  static constexpr int32_t kPageSize = 16;
+  bool can_page() const override { return opt_.collective == nullptr; }
+  int32_t kv_page_size() const override { return kPageSize; }
+  size_t kv_page_bytes() const override;
+  size_t state_slot_bytes() const override;
+  core::Status allocate_pools(const PoolRequest& request, Pools& pools) override;
+  core::Expected<SequenceState*> bind(int32_t slot, int64_t start_pos, int64_t end_pos,
+                                      std::span<const int32_t> pages) override;
+  core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
+  core::Status copy_pages(std::span<const PageCopy> copies) override;
+
   // Benchmarks only: GPU time by op (bench --profile). Decode is profiled only with cuda_graphs off.
   OpProfile& profile() { return prof_; }
   // What the load-time GEMM tuning chose, shape by shape.
@@ -151,8 +169,15 @@ class CudaBackend final : public SequenceBackend {
   CudaBackend() = default;
   core::Status init_device(const model::TextConfig& c, const CudaOptions& opt);
   core::Status plan_memory();
+  // (Re)allocates the states and the KV cache: `slots` state slots (the last one scratch), and the KV of
+  // every slot contiguous (pages 0) or `pages` pages of kPageSize positions with a block table per slot.
+  core::Status allocate_states(int slots, int64_t pages);
   core::Status warm_up();
+  core::Status capture_graphs();
+  void destroy_graphs();
 
+  // The KV cache of full-attention layer `type_index`.
+  KvCache kv_view(int64_t type_index) const;
   // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots. prefill: one
   // sequence (in `slot`) at consecutive positions; else one token per sequence. Leaves the final-normed rows
   // in ws_.xn.
@@ -217,6 +242,13 @@ class CudaBackend final : public SequenceBackend {
   void* v_cache_ = nullptr;
   int64_t conv_layer_ = 0, conv_slot_ = 0, gdn_layer_ = 0, gdn_slot_ = 0, kv_layer_ = 0, kv_slot_ = 0;
   std::vector<bool> slot_used_;
+  int scratch_slot_ = 0;  // the state slot (and, paged, table row) of a graph bucket's padding rows
+  // Paged KV: kv_slot_ is then the stride between pages, kv_layer_ a layer's offset within a page. The block
+  // tables [slots][table_stride_] on the device, their pinned host copy, and the sequences bind hands out.
+  int* block_table_ = nullptr;
+  int* table_host_ = nullptr;
+  int64_t table_stride_ = 0;
+  std::vector<std::unique_ptr<CudaSequenceState>> bound_;
 
   // Activations, sized for max_rows_ tokens.
   struct Workspace {
