@@ -120,8 +120,9 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   if (any_dense) Pmax = std::max(Pmax, 2 * I);
   if (E) Pmax = std::max(Pmax, 2 * Is);
   const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
-  const int64_t part = std::max(R * nh * hd, kGemvMaxRows * nh * max_splits * hd);
-  const int64_t part_ml = std::max(R * nh * 2, kGemvMaxRows * nh * max_splits * 2);
+  const int64_t D = decode_workspace_rows(opt.exact, R);
+  const int64_t part = std::max(R * nh * hd, D * nh * max_splits * hd);
+  const int64_t part_ml = std::max(R * nh * 2, D * nh * max_splits * 2);
   // The grouped expert GEMM's tile list, then the device-side expert sort's scratch (2E ints) and live count.
   const int64_t moe_tiles = E ? 3 * (RK / kGroupedTileRows + E + 1) + 2 * E + 1 : 1;
   const std::vector<int64_t> words = {R * H,
@@ -143,15 +144,15 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
                                       E ? RK * H : 1,
                                       E ? RK * H : 1,
                                       E ? R * H : 1,
-                                      E ? R : 1,  // y_slot xs ys y_shared gate
-                                      std::max<int64_t>(kLogitRows, kGemvMaxRows) * V,  // logits
+                                      E ? R : 1,                             // y_slot xs ys y_shared gate
+                                      std::max<int64_t>(kLogitRows, D) * V,  // logits
                                       E ? RK : 1,
                                       E ? RK : 1,
                                       E ? RK : 1,  // moe ids, sort order
                                       R,
                                       R,
                                       R,
-                                      kGemvMaxRows,  // ids, pos, slot, out ids
+                                      D,  // ids, pos, slot, out ids
                                       moe_tiles};
   Sizer s;
   for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);

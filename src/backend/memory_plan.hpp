@@ -33,6 +33,15 @@ struct MemoryPlanEstimate {
   size_t total() const { return weights + kv + states + workspace + gemm_workspace; }
 };
 
+// Rows the CUDA decode workspace holds (split-attention partials, logits, sampled ids) for a workspace of R
+// (>= 32) rows: 32 in exact mode (the GEMV's rows), else the largest power of two up to 256 within R.
+inline int64_t decode_workspace_rows(bool exact, int64_t R) {
+  if (exact) return 32;
+  int64_t n = 32;
+  while (n * 2 <= 256 && n * 2 <= R) n *= 2;
+  return n;
+}
+
 MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const MemoryPlanOptions& opt);
 
 }  // namespace deltaflow::backend

@@ -113,6 +113,21 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
       dec_runs.push_back(i);
       continue;
     }
+    if (r.n_rows > 1 && !r.snapshots.empty() && r.snapshots.back().rows == r.n_rows - 1 &&
+        r.logits != RunLogits::kAll) {
+      // A checkpoint at the last row but one (the prefix cache's, for a later identical prompt): the rows
+      // before it prefill, and the last row rides with the step's decode rows, so it costs no weight pass
+      // of its own, and it is computed as that later prompt will compute it.
+      SeqRun head = r;
+      head.n_rows = r.n_rows - 1;
+      head.logits = RunLogits::kNone;
+      head.sample = nullptr;
+      DF_TRY(prefill_run(head, s, tokens.first(static_cast<size_t>(head.n_rows))));
+      dec_seqs.push_back(s);
+      dec_tokens.push_back(tokens.back());
+      dec_runs.push_back(i);
+      continue;
+    }
     DF_TRY(prefill_run(r, s, tokens));
     if (r.logits != RunLogits::kNone)
       std::copy(logits_.begin(), logits_.end(),

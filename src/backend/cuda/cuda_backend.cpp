@@ -24,6 +24,7 @@
 #include "backend/cuda/moe_sort.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
+#include "backend/memory_plan.hpp"
 #include "io/safetensors.hpp"
 #include "model/rope.hpp"
 #include "model/weight_summary.hpp"
@@ -36,7 +37,12 @@ using model::LayerType;
 namespace {
 
 constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
-constexpr int kBuckets[6] = {1, 2, 4, 8, 16, 32};
+// Decode graph buckets. Up to kGemvMaxRows rows a step's matmuls are GEMVs; above, (default mode) cuBLASLt
+// reads each weight once for up to kDecodeMaxRows rows, where one GEMV launch per 32 rows would read them
+// again for each.
+constexpr int kNumBuckets = 9;
+constexpr int kBuckets[kNumBuckets] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+constexpr int kDecodeMaxRows = 256;
 constexpr size_t kGemmWorkspace = 32u << 20;
 constexpr int kGemmCandidates = 12;  // cuBLASLt algorithms timed per prefill matmul shape at load
 constexpr size_t kStagingBytes = 32u << 20;
@@ -46,9 +52,9 @@ size_t align_up(size_t n, size_t a) {
 }
 
 int bucket_index(int64_t n) {
-  for (int i = 0; i < 6; ++i)
+  for (int i = 0; i < kNumBuckets; ++i)
     if (n <= kBuckets[i]) return i;
-  return 5;
+  return kNumBuckets - 1;
 }
 
 // What fills one region of the weight allocation: host bytes (mmap'd checkpoint), converted fp32 values, or
@@ -467,6 +473,20 @@ core::Status CudaBackend::plan_memory() {
   // Activations for max_rows_ tokens.
   max_rows_ = std::max<int64_t>(opt_.prefill_chunk, kGemvMaxRows);
   const int64_t R = max_rows_;
+  // Rows one decode pass takes: kGemvMaxRows in exact mode (the GEMV, fp32 in), with tensor parallelism,
+  // and for experts the grouped GEMM does not take (their fallback syncs with the host, which a graph cannot
+  // hold); else the largest bucket up to kDecodeMaxRows that the workspace's rows hold.
+  decode_rows_ = kGemvMaxRows;
+  bool grouped_ok = true;
+  for (const auto& L : layers_)
+    if (L.is_moe)
+      grouped_ok = grouped_ok && L.experts_gu.dtype == L.experts_down.dtype &&
+                   moe_grouped_supported(L.experts_gu.dtype, static_cast<int>(L.experts_gu.rows),
+                                         static_cast<int>(H)) &&
+                   moe_grouped_supported(L.experts_gu.dtype, static_cast<int>(H),
+                                         static_cast<int>(L.experts_down.cols));
+  const int64_t ws_decode_rows = decode_workspace_rows(opt_.exact, R);
+  if (!opt_.exact && !opt_.collective && grouped_ok) decode_rows_ = static_cast<int>(ws_decode_rows);
   const int64_t E = c.is_moe() ? c.num_experts : 0, K = c.is_moe() ? c.num_experts_per_tok : 0;
   const int64_t Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const int64_t RK = R * std::max<int64_t>(K, 1);
@@ -483,8 +503,8 @@ core::Status CudaBackend::plan_memory() {
   if (any_dense) Pmax = std::max(Pmax, 2 * I);
   if (E) Pmax = std::max(Pmax, 2 * Is);
   const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
-  const int64_t part = std::max(R * nh * hd, int64_t{kGemvMaxRows} * nh * max_splits_ * hd);
-  const int64_t part_ml = std::max(R * nh * 2, int64_t{kGemvMaxRows} * nh * max_splits_ * 2);
+  const int64_t part = std::max(R * nh * hd, ws_decode_rows * nh * max_splits_ * hd);
+  const int64_t part_ml = std::max(R * nh * 2, ws_decode_rows * nh * max_splits_ * 2);
 
   struct Buf {
     void** p;
@@ -517,14 +537,14 @@ core::Status CudaBackend::plan_memory() {
   f(ws_.ys, E ? RK * H : 1);
   f(ws_.y_shared, E ? R * H : 1);
   f(ws_.shared_gate, E ? R : 1);
-  f(ws_.logits, std::max<int64_t>(kLogitRows, kGemvMaxRows) * V);
+  f(ws_.logits, std::max<int64_t>(kLogitRows, ws_decode_rows) * V);
   i(ws_.moe_ids, E ? RK : 1);
   i(ws_.sort_tok, E ? RK : 1);
   i(ws_.sort_slot, E ? RK : 1);
   i(ws_.ids, R);
   i(ws_.pos, R);
   i(ws_.slot, R);
-  i(ws_.out_ids, kGemvMaxRows);
+  i(ws_.out_ids, ws_decode_rows);
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
   // The tile list, then the expert sort's scratch and the live tile count it writes.
   i(ws_.moe_tiles, E ? 3 * moe_tile_room_ + moe_sort_scratch_ints(E) + 1 : 1);
@@ -551,8 +571,8 @@ core::Status CudaBackend::plan_memory() {
   // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK] (the last
   // three for the host-sorted MoE path).
   static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
-  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), static_cast<size_t>(3 * R + 32 + 3 * RK) * 4,
-                            cudaHostAllocDefault));
+  DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
+                            static_cast<size_t>(3 * R + kDecodeMaxRows + 3 * RK) * 4, cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
 }
@@ -666,7 +686,7 @@ void CudaBackend::destroy_graphs() {
 core::Status CudaBackend::capture_graphs() {
   destroy_graphs();
   if (!opt_.cuda_graphs) return core::Status();
-  for (int bi = 0; bi < 6; ++bi) {
+  for (int bi = 0; bi < kNumBuckets && kBuckets[bi] <= decode_rows_; ++bi) {
     const int B = kBuckets[bi];
     // Stage harmless rows (scratch slot, position 0) so the capture's host copies read defined values.
     for (int r = 0; r < B; ++r) {
@@ -1049,7 +1069,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     // Exact mode and shapes the grouped GEMM does not take: sort on the host, then one matmul per expert over
     // its rows.
     const int64_t R = max_rows_, RK = R * K;
-    int* p_tok = pinned_ + 3 * R + 32;
+    int* p_tok = pinned_ + 3 * R + kDecodeMaxRows;
     int* p_slot = p_tok + RK;
     int* p_ids = p_slot + RK;
     DF_CUDA_TRY(
@@ -1248,8 +1268,8 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
   }
   if (ids) ids->clear();
   const int64_t R = max_rows_;
-  for (int64_t g0 = 0; g0 < n; g0 += kGemvMaxRows) {
-    const int64_t m = std::min<int64_t>(kGemvMaxRows, n - g0);
+  for (int64_t g0 = 0; g0 < n; g0 += decode_rows_) {
+    const int64_t m = std::min<int64_t>(decode_rows_, n - g0);
     const int bi = bucket_index(m), B = kBuckets[bi];
     for (int64_t r = 0; r < B; ++r) {
       const bool real = r < m;
@@ -1292,8 +1312,9 @@ core::Status CudaBackend::decode_sample(std::span<SequenceState* const> seqs, st
   if (!sampling_) sampling_ = std::make_unique<SamplingBatch>();
   ids.clear();
   // decode_impl leaves the last group's logits in ws_.logits, so sample group by group.
-  for (size_t g0 = 0; g0 < seqs.size(); g0 += kGemvMaxRows) {
-    const size_t m = std::min<size_t>(kGemvMaxRows, seqs.size() - g0);
+  const size_t group = static_cast<size_t>(decode_rows_);
+  for (size_t g0 = 0; g0 < seqs.size(); g0 += group) {
+    const size_t m = std::min<size_t>(group, seqs.size() - g0);
     DF_TRY(decode_impl(seqs.subspan(g0, m), tokens.subspan(g0, m), nullptr, nullptr));
     DF_TRY(sampling_->run(ws_.logits, config_.vocab_size, specs.subspan(g0, m), stream_, ids));
   }
@@ -1306,7 +1327,7 @@ core::Status CudaBackend::sample_logits(std::span<const float> logits, std::span
   if (logits.size() != specs.size() * V) return core::Error{"sample_logits: one logits row per spec"};
   if (!sampling_) sampling_ = std::make_unique<SamplingBatch>();
   ids.clear();
-  const size_t cap = static_cast<size_t>(std::max<int64_t>(kLogitRows, kGemvMaxRows));  // rows of ws_.logits
+  const size_t cap = static_cast<size_t>(kLogitRows);  // rows of ws_.logits
   for (size_t r0 = 0; r0 < specs.size(); r0 += cap) {
     const size_t m = std::min(cap, specs.size() - r0);
     DF_CUDA_TRY(

@@ -282,7 +282,8 @@ class CudaBackend final : public SequenceBackend {
   int* pinned_ = nullptr;
   std::vector<int> host_moe_ids_;
 
-  std::array<cudaGraphExec_t, 6> graphs_{};  // buckets 1, 2, 4, 8, 16, 32
+  std::array<cudaGraphExec_t, 9> graphs_{};  // buckets 1, 2, 4, ..., 256 (up to decode_rows_)
+  int decode_rows_ = 32;                     // rows one decode pass (and graph) takes
 
   std::unique_ptr<SamplingBatch> sampling_;  // GPU sampling's staging, made on first use
   // Tensor parallelism (cuda_backend_tp.cpp); inert when opt_.collective is null.
