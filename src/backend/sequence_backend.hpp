@@ -28,6 +28,9 @@ struct PrefillItem {
   SequenceState* state = nullptr;
   std::span<const int32_t> tokens;  // appended after the tokens the state already holds
   bool all_logits = false;          // logits for every token (teacher forcing) instead of the last only
+  // After `rows` of these tokens the recurrent state is also copied to `slot` (ascending rows; a backend
+  // whose prefill_snapshots() is true; others get none).
+  std::span<const StateSnapshot> snapshots = {};
 };
 
 class SequenceBackend {
@@ -70,6 +73,18 @@ class SequenceBackend {
   // step seam with paged KV, state copies and snapshots (so the engine's prefix cache works on it), and the
   // per-sequence calls above hand out no new sequence after allocate_pools.
   virtual bool can_page() const { return false; }
+  // Whether prefill takes PrefillItem::snapshots (copies the state mid-run, in the same pass).
+  virtual bool prefill_snapshots() const { return false; }
+  // A whole step in one forward pass (decode rows and prefill runs together, each weight read once), for
+  // the steps can_fuse accepts; seqs[i] is run i's bound sequence.
+  virtual bool can_fuse(const Step& step) const {
+    (void)step;
+    return false;
+  }
+  virtual core::Status fused_step(const Step& step, std::span<SequenceState* const> seqs, StepOut& out) {
+    (void)step, (void)seqs, (void)out;
+    return core::Error{std::string(name()) + " backend: no fused steps"};
+  }
   virtual int32_t kv_page_size() const { return 0; }
   virtual size_t kv_page_bytes() const { return 0; }
   virtual size_t state_slot_bytes() const { return 0; }

@@ -72,9 +72,18 @@ core::Status SequenceStepper::prefill_run(const SeqRun& r, SequenceState* s,
     done = end;
     return core::Status();
   };
+  int32_t prev = 0;
   for (const StateSnapshot& snap : r.snapshots) {
-    if (snap.rows < 1 || snap.rows > r.n_rows || snap.rows < done)
+    if (snap.rows < 1 || snap.rows > r.n_rows || snap.rows < prev)
       return core::Error{"step: snapshot rows must ascend within the run"};
+    prev = snap.rows;
+  }
+  if (inner_->prefill_snapshots()) {
+    // The backend copies the states in the same pass.
+    PrefillItem item{s, tokens, r.logits == RunLogits::kAll, r.snapshots};
+    return inner_->prefill(std::span<const PrefillItem>(&item, 1), logits_);
+  }
+  for (const StateSnapshot& snap : r.snapshots) {
     DF_TRY(run_part(snap.rows));
     DF_TRY(inner_->copy_state(r.state_slot, snap.slot));
   }
@@ -103,6 +112,14 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     rows_out += r.logits == RunLogits::kAll ? static_cast<size_t>(r.n_rows) : r.logits == RunLogits::kLast;
   }
   out.logits.resize(rows_out * V);
+  if (inner_->can_page() && inner_->can_fuse(step)) {
+    std::vector<SequenceState*> seqs;
+    for (const auto& r : step.runs) {
+      DF_ASSIGN(SequenceState * s, sequence_for(r));
+      seqs.push_back(s);
+    }
+    return inner_->fused_step(step, seqs, out);
+  }
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const auto& r = step.runs[i];
     DF_ASSIGN(SequenceState * s, sequence_for(r));
@@ -110,21 +127,6 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     if (r.n_rows == 1 && r.start_pos > 0 && r.snapshots.empty()) {
       dec_seqs.push_back(s);
       dec_tokens.push_back(tokens[0]);
-      dec_runs.push_back(i);
-      continue;
-    }
-    if (r.n_rows > 1 && !r.snapshots.empty() && r.snapshots.back().rows == r.n_rows - 1 &&
-        r.logits != RunLogits::kAll) {
-      // A checkpoint at the last row but one (the prefix cache's, for a later identical prompt): the rows
-      // before it prefill, and the last row rides with the step's decode rows, so it costs no weight pass
-      // of its own, and it is computed as that later prompt will compute it.
-      SeqRun head = r;
-      head.n_rows = r.n_rows - 1;
-      head.logits = RunLogits::kNone;
-      head.sample = nullptr;
-      DF_TRY(prefill_run(head, s, tokens.first(static_cast<size_t>(head.n_rows))));
-      dec_seqs.push_back(s);
-      dec_tokens.push_back(tokens.back());
       dec_runs.push_back(i);
       continue;
     }

@@ -126,6 +126,7 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     backend::cuda::CudaOptions opt;
     opt.engine_pools = true;
     opt.max_context = eo.max_model_len;
+    opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, eo.max_num_batched_tokens);
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
     l.roof.weight_bytes = static_cast<double>(b->weight_bytes());
     l.roof.params = l.roof.weight_bytes / 2.0;

@@ -46,6 +46,7 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
   engine::LoadLimits limits;
   limits.max_sequences = engine.max_num_seqs;
   limits.max_context = engine.max_model_len;
+  limits.max_step_tokens = engine.max_num_batched_tokens;
   limits.kv_cache_dtype = engine.kv_cache_dtype;
   return engine::load_backend(model_dir(args), d, tp, limits);
 }

@@ -18,7 +18,8 @@ enum class Device { kAuto, kCpu, kCuda };
 // Sequences and positions a backend that keeps each sequence's memory itself (CUDA today) is loaded for.
 struct LoadLimits {
   int max_sequences = 16;
-  int64_t max_context = 0;  // 0: the backend's default
+  int64_t max_context = 0;      // 0: the backend's default
+  int64_t max_step_tokens = 0;  // tokens one engine step carries (a CUDA pass holds at least this many rows)
   backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
 };
 

@@ -36,7 +36,6 @@ using model::LayerType;
 
 namespace {
 
-constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
 // Decode graph buckets. Up to kGemvMaxRows rows a step's matmuls are GEMVs; above, (default mode) cuBLASLt
 // reads each weight once for up to kDecodeMaxRows rows, where one GEMV launch per 32 rows would read them
 // again for each.
@@ -486,10 +485,13 @@ core::Status CudaBackend::plan_memory() {
                    moe_grouped_supported(L.experts_gu.dtype, static_cast<int>(H),
                                          static_cast<int>(L.experts_down.cols));
   const int64_t ws_decode_rows = decode_workspace_rows(opt_.exact, R);
+  decode_ws_rows_ = ws_decode_rows;
+  static_assert(kDecodeMaxRows == 256, "pinned_out_rows() counts on it");
   if (!opt_.exact && !opt_.collective && grouped_ok) decode_rows_ = static_cast<int>(ws_decode_rows);
   const int64_t E = c.is_moe() ? c.num_experts : 0, K = c.is_moe() ? c.num_experts_per_tok : 0;
   const int64_t Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const int64_t RK = R * std::max<int64_t>(K, 1);
+  moe_host_rows_ = RK;
   int64_t I = 0;
   bool any_dense = false;
   for (const auto& L : layers_)
@@ -568,11 +570,12 @@ core::Status CudaBackend::plan_memory() {
     *b.p = static_cast<uint8_t*>(ws_mem_) + off;
     off += b.bytes;
   }
-  // Pinned staging: [ids R][pos R][slot R][out ids 32][sort_tok RK][sort_slot RK][moe ids RK] (the last
-  // three for the host-sorted MoE path).
+  // Pinned staging: [ids R][pos R][slot R][out ids 256][sort_tok RK][sort_slot RK][moe ids RK] (those three
+  // for the host-sorted MoE path)[output rows 256] (a fused step's rows that reach lm_head).
   static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
   DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
-                            static_cast<size_t>(3 * R + kDecodeMaxRows + 3 * RK) * 4, cudaHostAllocDefault));
+                            static_cast<size_t>(3 * R + kDecodeMaxRows + 3 * RK + kLogitRows) * 4,
+                            cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
 }
@@ -823,68 +826,88 @@ core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const D
   return core::Status();
 }
 
-core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, bool prefill, int slot) {
+core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<const RowSegment> segs) {
   const auto& c = config_;
   const int64_t H = c.hidden_size, C = c.linear_conv_dim(), vd = c.linear_value_dim(),
                 nv = c.linear_num_value_heads;
   const int64_t P = C + vd + 2 * nv;
   const int K = static_cast<int>(c.linear_conv_kernel_dim);
+  const bool one_decode = segs.size() == 1 && segs[0].decode;
+  const bool one_prefill = segs.size() == 1 && !segs[0].decode;
   // [q k v | z | b | a] = x @ in_proj^T, then the causal conv1d + SiLU of [q k v]. At decode of up to
   // kGemvSimtRows rows the conv is the GEMV's epilogue (gemv.cuh), one launch; the tensor-core GEMV's lanes
   // write many outputs each, and there the conv's dependent state loads cost more than a launch.
   float* conv_base = conv_states_ + L.type_index * conv_layer_;
-  if (!prefill && n <= kGemvSimtRows) {
+  float* gdn_base = gdn_states_ + L.type_index * gdn_layer_;
+  bool conv_done = false;
+  if (one_decode && n <= kGemvSimtRows) {
     prof_.mark("gdn in_proj+conv1d", stream_);
     const GemvConv conv{L.conv_w, K, C, conv_base, conv_slot_, ws_.slot, ws_.conv, C};
     DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P, false, false, conv));
+    conv_done = true;
   } else {
     prof_.mark("gdn in_proj", stream_);
     DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P));
-    prof_.mark("gdn conv1d", stream_);
-    if (prefill) {
-      DF_CUDA_TRY(causal_conv1d_prefill(ws_.proj, P, n, C, L.conv_w, K, conv_base + slot * conv_slot_,
-                                        ws_.conv, C, stream_));
+  }
+  bool to16 = false;
+  for (const RowSegment& sg : segs) {
+    const int64_t r0 = sg.row0, m = sg.rows;
+    float* proj = ws_.proj + r0 * P;
+    if (!conv_done) {
+      prof_.mark("gdn conv1d", stream_);
+      if (sg.decode) {
+        DF_CUDA_TRY(causal_conv1d_decode(proj, P, static_cast<int>(m), C, L.conv_w, K, conv_base, conv_slot_,
+                                         ws_.slot + r0, ws_.conv + r0 * C, C, stream_));
+      } else {
+        DF_CUDA_TRY(causal_conv1d_prefill(proj, P, m, C, L.conv_w, K, conv_base + sg.slot * conv_slot_,
+                                          ws_.conv + r0 * C, C, stream_));
+      }
+    }
+    prof_.mark(sg.decode ? "gdn decode" : "gdn prefill", stream_);
+    GdnArgs g;
+    g.conv = ws_.conv + r0 * C;
+    g.ld_conv = C;
+    g.z = proj + C;
+    g.b = proj + C + vd;
+    g.a = proj + C + vd + nv;
+    g.ld_proj = P;
+    g.A_log = L.A_log;
+    g.dt_bias = L.dt_bias;
+    g.norm_w = L.gdn_norm;
+    g.nk = static_cast<int>(c.linear_num_key_heads);
+    g.nv = static_cast<int>(nv);
+    g.dk = static_cast<int>(c.linear_key_head_dim);
+    g.dv = static_cast<int>(c.linear_value_head_dim);
+    g.eps = static_cast<float>(c.rms_norm_eps);
+    g.n_seqs = sg.decode ? static_cast<int>(m) : 1;
+    g.tokens_per_seq = sg.decode ? 1 : static_cast<int>(m);
+    g.states = gdn_base;
+    g.slot_stride = gdn_slot_;
+    g.slots = ws_.slot + r0;
+    g.out = ws_.gdn + r0 * vd;
+    g.ld_out = vd;
+    if (!sg.decode && m >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
+      // Fast-mode prefill: the chunked WY form on tensor cores; exact mode and decode keep the fp32 token
+      // scan. When out_proj runs on cuBLASLt over this one segment, the gated norm writes its input
+      // (x16_holds_) instead of ws_.gdn.
+      to16 = one_prefill && L.out_proj.cols == vd && takes_gemm(n, L.out_proj);
+      if (to16) {
+        g.out16 = ws_.x16;
+        g.out16_type = L.out_proj.dtype;
+      }
+      DF_CUDA_TRY(cuda::gated_deltanet_chunked(g, ws_.gdn_chunk, ws_.gdn_chunk_bytes, stream_));
     } else {
-      DF_CUDA_TRY(causal_conv1d_decode(ws_.proj, P, static_cast<int>(n), C, L.conv_w, K, conv_base,
-                                       conv_slot_, ws_.slot, ws_.conv, C, stream_));
+      DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
+    }
+    if (sg.snapshot >= 0) {
+      // This layer's conv and delta-rule state after the segment, into the snapshot slot.
+      DF_CUDA_TRY(cudaMemcpyAsync(conv_base + sg.snapshot * conv_slot_, conv_base + sg.slot * conv_slot_,
+                                  static_cast<size_t>(conv_layer_) * 4, cudaMemcpyDeviceToDevice, stream_));
+      DF_CUDA_TRY(cudaMemcpyAsync(gdn_base + sg.snapshot * gdn_slot_, gdn_base + sg.slot * gdn_slot_,
+                                  static_cast<size_t>(gdn_layer_) * 4, cudaMemcpyDeviceToDevice, stream_));
     }
   }
-  prof_.mark(prefill ? "gdn prefill" : "gdn decode", stream_);
-  GdnArgs g;
-  g.conv = ws_.conv;
-  g.ld_conv = C;
-  g.z = ws_.proj + C;
-  g.b = ws_.proj + C + vd;
-  g.a = ws_.proj + C + vd + nv;
-  g.ld_proj = P;
-  g.A_log = L.A_log;
-  g.dt_bias = L.dt_bias;
-  g.norm_w = L.gdn_norm;
-  g.nk = static_cast<int>(c.linear_num_key_heads);
-  g.nv = static_cast<int>(nv);
-  g.dk = static_cast<int>(c.linear_key_head_dim);
-  g.dv = static_cast<int>(c.linear_value_head_dim);
-  g.eps = static_cast<float>(c.rms_norm_eps);
-  g.n_seqs = prefill ? 1 : static_cast<int>(n);
-  g.tokens_per_seq = prefill ? static_cast<int>(n) : 1;
-  g.states = gdn_states_ + L.type_index * gdn_layer_;
-  g.slot_stride = gdn_slot_;
-  g.slots = ws_.slot;
-  g.out = ws_.gdn;
-  g.ld_out = vd;
-  if (prefill && n >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
-    // Fast-mode prefill: the chunked WY form on tensor cores; exact mode and decode keep the fp32 token scan.
-    // When out_proj runs on cuBLASLt the gated norm writes its input (x16_holds_) instead of ws_.gdn.
-    const bool to16 = L.out_proj.cols == vd && takes_gemm(n, L.out_proj);
-    if (to16) {
-      g.out16 = ws_.x16;
-      g.out16_type = L.out_proj.dtype;
-    }
-    DF_CUDA_TRY(cuda::gated_deltanet_chunked(g, ws_.gdn_chunk, ws_.gdn_chunk_bytes, stream_));
-    x16_holds_ = to16 ? X16Holds{ws_.gdn, n, vd, L.out_proj.dtype} : X16Holds{};
-  } else {
-    DF_CUDA_TRY(cuda::gated_deltanet(g, stream_));
-  }
+  x16_holds_ = to16 ? X16Holds{ws_.gdn, n, vd, L.out_proj.dtype} : X16Holds{};
   prof_.mark("gdn out_proj", stream_);
   return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
 }
@@ -906,7 +929,7 @@ KvCache CudaBackend::kv_view(int64_t type_index) const {
   return kv;
 }
 
-core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefill) {
+core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<const RowSegment> segs) {
   const auto& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd, Q = nh * qw + 2 * nkv * hd;
@@ -934,28 +957,38 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, bool prefil
   qa.cache = kv;
   DF_CUDA_TRY(qk_norm_rope_store(qa, stream_));
 
-  AttnArgs aa;
-  aa.q = ws_.q;
-  aa.cache = kv;
-  aa.n_tokens = static_cast<int>(n);
-  aa.nh = static_cast<int>(nh);
-  aa.nkv = static_cast<int>(nkv);
-  aa.hd = static_cast<int>(hd);
-  aa.tok_pos = ws_.pos;
-  aa.tok_slot = ws_.slot;
-  aa.prefill = prefill;
-  aa.max_splits = max_splits_;
-  aa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  aa.part_acc = ws_.part_acc;
-  aa.part_ml = ws_.part_ml;
-  if (c.attn_output_gate) {
-    aa.gate = ws_.proj + hd;  // per head [q | gate]
-    aa.gate_ld = Q;
-    aa.gate_head_stride = qw;
+  // Attention per segment; consecutive prefill segments of one sequence together (the snapshots matter only
+  // to the recurrent layers).
+  for (size_t i = 0; i < segs.size();) {
+    const RowSegment& sg = segs[i];
+    int64_t m = sg.rows;
+    size_t j = i + 1;
+    while (!sg.decode && j < segs.size() && !segs[j].decode && segs[j].slot == sg.slot) m += segs[j++].rows;
+    const int64_t r0 = sg.row0;
+    AttnArgs aa;
+    aa.q = ws_.q + r0 * nh * hd;
+    aa.cache = kv;
+    aa.n_tokens = static_cast<int>(m);
+    aa.nh = static_cast<int>(nh);
+    aa.nkv = static_cast<int>(nkv);
+    aa.hd = static_cast<int>(hd);
+    aa.tok_pos = ws_.pos + r0;
+    aa.tok_slot = ws_.slot + r0;
+    aa.prefill = !sg.decode;
+    aa.max_splits = max_splits_;
+    aa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    aa.part_acc = ws_.part_acc;
+    aa.part_ml = ws_.part_ml;
+    if (c.attn_output_gate) {
+      aa.gate = ws_.proj + r0 * Q + hd;  // per head [q | gate]
+      aa.gate_ld = Q;
+      aa.gate_head_stride = qw;
+    }
+    aa.out = ws_.attn + r0 * nh * hd;
+    prof_.mark(sg.decode ? "attn decode" : "attn prefill", stream_);
+    DF_CUDA_TRY(attention(aa, stream_));
+    i = j;
   }
-  aa.out = ws_.attn;
-  prof_.mark(prefill ? "attn prefill" : "attn decode", stream_);
-  DF_CUDA_TRY(attention(aa, stream_));
   prof_.mark("attn o_proj", stream_);
   return linear(ws_.attn, nh * hd, n, L.o_proj, ws_.y, H);
 }
@@ -1125,7 +1158,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   return core::Status();
 }
 
-core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
+core::Status CudaBackend::run_layers(int64_t n, std::span<const RowSegment> segs) {
   prof_.mark("embedding", stream_);
   DF_TRY(embed(n));
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -1135,9 +1168,9 @@ core::Status CudaBackend::run_layers(int64_t n, bool prefill, int slot) {
     const bool attn = L.type == LayerType::kFullAttention;
     DF_TRY(add_norm(l == 0 ? nullptr : ws_.y, n, L.input_norm, attn ? &L.qkv : &L.in_proj));
     if (attn) {
-      DF_TRY(full_attention(L, n, prefill));
+      DF_TRY(full_attention(L, n, segs));
     } else {
-      DF_TRY(gated_deltanet(L, n, prefill, slot));
+      DF_TRY(gated_deltanet(L, n, segs));
     }
     DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
     prof_.mark("add+rmsnorm", stream_);
@@ -1189,7 +1222,12 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
         "sequence length " + std::to_string(s->pos + T) + " exceeds " +
         (limit == config_.max_position_embeddings ? "max_position_embeddings " : "the KV cache of ") +
         std::to_string(limit)};
+  for (const StateSnapshot& snap : item.snapshots)
+    if (snap.rows < 1 || snap.rows > T || snap.slot < 0 || snap.slot >= plan_.slots - 1 ||
+        snap.slot == s->slot)
+      return core::Error{"prefill: a snapshot outside the run or the pool"};
   const int64_t R = max_rows_;
+  std::vector<RowSegment> segs;
   for (int64_t off = 0; off < T; off += R) {
     const int64_t n = std::min(R, T - off);
     for (int64_t i = 0; i < n; ++i) {
@@ -1203,7 +1241,17 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
         cudaMemcpyAsync(ws_.pos, pinned_ + R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
                                 stream_));
-    DF_TRY(run_layers(n, /*prefill=*/true, s->slot));
+    // Segments of this chunk, split after each snapshot's rows.
+    segs.clear();
+    int64_t r = 0;
+    for (const StateSnapshot& snap : item.snapshots) {
+      const int64_t at = snap.rows - off;  // rows of this chunk before the snapshot
+      if (at <= r || at > n) continue;
+      segs.push_back({r, at - r, false, s->slot, snap.slot});
+      r = at;
+    }
+    if (r < n) segs.push_back({r, n - r, false, s->slot, -1});
+    DF_TRY(run_layers(n, segs));
     const bool last = off + n == T;
     const int64_t first = item.all_logits ? 0 : (last ? n - 1 : n);
     for (int64_t r0 = first; r0 < n; r0 += kLogitRows) {
@@ -1233,7 +1281,8 @@ core::Status CudaBackend::enqueue_decode(int bucket) {
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
-  DF_TRY(run_layers(bucket, /*prefill=*/false, -1));
+  const RowSegment rows{0, bucket, true, -1, -1};
+  DF_TRY(run_layers(bucket, std::span<const RowSegment>(&rows, 1)));
   DF_TRY(lm_head(0, bucket));
   prof_.mark("argmax", stream_);
   DF_CUDA_TRY(argmax_rows(ws_.logits, bucket, config_.vocab_size, ws_.out_ids, stream_));

@@ -150,7 +150,12 @@ class CudaBackend final : public SequenceBackend {
   // The engine's pools (cuda_pools.cpp): state slots and KV pages of kPageSize positions, each slot's KV
   // addressed through its block table (uploaded by bind where it changed). Not with tensor parallelism.
   static constexpr int32_t kPageSize = 16;
+  static constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
   bool can_page() const override { return opt_.collective == nullptr; }
+  bool prefill_snapshots() const override { return true; }
+  // cuda_step.cpp: steps of several runs, or of prefill and decode rows together, that fit one pass.
+  bool can_fuse(const Step& step) const override;
+  core::Status fused_step(const Step& step, std::span<SequenceState* const> seqs, StepOut& out) override;
   int32_t kv_page_size() const override { return kPageSize; }
   size_t kv_page_bytes() const override;
   size_t state_slot_bytes() const override;
@@ -178,12 +183,21 @@ class CudaBackend final : public SequenceBackend {
 
   // The KV cache of full-attention layer `type_index`.
   KvCache kv_view(int64_t type_index) const;
-  // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots. prefill: one
-  // sequence (in `slot`) at consecutive positions; else one token per sequence. Leaves the final-normed rows
-  // in ws_.xn.
-  core::Status run_layers(int64_t n, bool prefill, int slot);
-  core::Status gated_deltanet(const DLayer& L, int64_t n, bool prefill, int slot);
-  core::Status full_attention(const DLayer& L, int64_t n, bool prefill);
+  // A run of a forward pass's rows: decode rows (one token of each of `rows` sequences, slots in ws_.slot),
+  // or consecutive tokens of one sequence's prefill in `slot`, after which its recurrent state is also
+  // copied to `snapshot` (when >= 0) layer by layer, in the same pass.
+  struct RowSegment {
+    int64_t row0 = 0, rows = 0;
+    bool decode = false;
+    int slot = -1;
+    int snapshot = -1;
+  };
+  // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots; `segs` cover
+  // rows [0, n) in order. The matmuls take every row at once; the conv, the delta rule and attention run
+  // segment by segment. Leaves the final-normed rows in ws_.xn.
+  core::Status run_layers(int64_t n, std::span<const RowSegment> segs);
+  core::Status gated_deltanet(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
+  core::Status full_attention(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
   core::Status ffn(const DLayer& L, int64_t n);
   core::Status moe(const DLayer& L, int64_t n);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
@@ -280,10 +294,13 @@ class CudaBackend final : public SequenceBackend {
 
   // Pinned staging: ids, positions and slots of a step (3 x max_rows_ ints), MoE sort order, sampled ids.
   int* pinned_ = nullptr;
+  int* pinned_out_rows() const { return pinned_ + 3 * max_rows_ + 256 + 3 * moe_host_rows_; }
+  int64_t moe_host_rows_ = 0;  // RK of the pinned layout
   std::vector<int> host_moe_ids_;
 
   std::array<cudaGraphExec_t, 9> graphs_{};  // buckets 1, 2, 4, ..., 256 (up to decode_rows_)
   int decode_rows_ = 32;                     // rows one decode pass (and graph) takes
+  int64_t decode_ws_rows_ = 32;              // decode rows the workspace holds (split-attention partials)
 
   std::unique_ptr<SamplingBatch> sampling_;  // GPU sampling's staging, made on first use
   // Tensor parallelism (cuda_backend_tp.cpp); inert when opt_.collective is null.
