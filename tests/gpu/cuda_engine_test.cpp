@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "../engine_jobs.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/gemv.cuh"
 #include "backend/sequence_stepper.hpp"
@@ -33,7 +34,6 @@ namespace {
 
 using backend::cuda::CudaBackend;
 using backend::cuda::CudaOptions;
-using namespace std::chrono_literals;
 
 struct Param {
   std::string preset;
@@ -44,21 +44,8 @@ std::string param_name(const ::testing::TestParamInfo<Param>& p) {
   return p.param.preset + (p.param.exact ? "_exact" : "_fast");
 }
 
-struct Out {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;
-  int64_t cached = 0;
-  engine::FinishReason finish = engine::FinishReason::kError;
-  std::string error;
-};
-
-struct Job {
-  std::vector<int32_t> prompt;
-  int max_tokens = 10;
-  float temperature = 0.0f;
-  uint64_t seed = 0;
-  std::vector<int64_t> message_ends = {};
-};
+using engine::Job;
+using Out = engine::Result;
 
 class CudaEngine : public ::testing::TestWithParam<Param> {
  protected:
@@ -98,42 +85,7 @@ class CudaEngine : public ::testing::TestWithParam<Param> {
   }
 
   std::vector<Out> run(const std::vector<Job>& jobs) {
-    auto ch = std::make_shared<engine::ResponseChannel>();
-    std::vector<engine::GenerationRequest> reqs;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      engine::GenerationRequest r;
-      r.prompt = jobs[i].prompt;
-      r.max_tokens = jobs[i].max_tokens;
-      r.sampling.temperature = jobs[i].temperature;
-      r.sampling.seed = jobs[i].seed;
-      r.logprobs = true;
-      r.message_ends = jobs[i].message_ends;
-      r.channel = ch;
-      r.choice = static_cast<int>(i);
-      reqs.push_back(std::move(r));
-    }
-    EXPECT_EQ(sched_->submit(std::move(reqs)), engine::SubmitResult::kQueued);
-    std::vector<Out> out(jobs.size());
-    size_t done = 0;
-    std::vector<engine::Event> evs;
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (done < jobs.size() && std::chrono::steady_clock::now() < deadline) {
-      if (!ch->wait(50ms, evs)) continue;
-      for (auto& e : evs) {
-        Out& o = out[static_cast<size_t>(e.choice)];
-        for (auto& t : e.tokens) {
-          o.ids.push_back(t.id);
-          o.logprobs.push_back(t.logprob);
-        }
-        if (e.finished) {
-          o.finish = e.finish;
-          o.cached = e.cached_tokens;
-          o.error = e.error;
-          ++done;
-        }
-      }
-    }
-    EXPECT_EQ(done, jobs.size()) << "timed out";
+    auto out = engine::run_jobs(*sched_, jobs);
     for (const auto& o : out) EXPECT_TRUE(o.error.empty()) << o.error;
     return out;
   }
@@ -145,16 +97,7 @@ class CudaEngine : public ::testing::TestWithParam<Param> {
     return out;
   }
 
-  void expect_idle() {
-    for (int i = 0; i < 100 && sched_->stats().running + sched_->stats().waiting > 0; ++i)
-      std::this_thread::sleep_for(10ms);
-    const auto st = sched_->stats();
-    EXPECT_EQ(st.running, 0);
-    EXPECT_EQ(st.state_slots_used, st.prefix_checkpoints);
-    if (st.prefix_checkpoints == 0) {
-      EXPECT_EQ(st.kv_pages_used, 0);
-    }
-  }
+  void expect_idle() { engine::expect_idle(*sched_); }
 
   static double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (a.size() != b.size()) return INFINITY;

@@ -165,7 +165,7 @@ TEST_P(EngineBatching, RandomSubmitCancelLeavesNothingBehind) {
         auto ch = std::make_shared<ResponseChannel>();
         const int len = 1 + static_cast<int>(rng() % 50), salt = static_cast<int>(rng() % 5);
         Job j = job(prompt(len, salt), 1 + static_cast<int>(rng() % 12));
-        ASSERT_EQ(sched_->submit({request(j, ch, 0)}), SubmitResult::kQueued);
+        ASSERT_EQ(sched_->submit({job_request(j, ch, 0)}), SubmitResult::kQueued);
         live.push_back(ch);
       } else {
         const size_t k = rng() % live.size();

@@ -9,48 +9,13 @@
 #include <filesystem>
 #include <thread>
 
+#include "../engine_jobs.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "engine/generate.hpp"
 #include "engine/scheduler.hpp"
 #include "model/tiny_checkpoint.hpp"
 
 namespace deltaflow::engine {
-
-using namespace std::chrono_literals;
-
-struct Result {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;  // of each generated token
-  std::vector<std::vector<TokenLogprob>> top;
-  FinishReason finish = FinishReason::kError;
-  int64_t cached = 0;
-  int64_t drafted = 0, accepted = 0;  // speculative decoding
-  std::string error;
-  bool operator==(const Result& o) const {
-    if (ids != o.ids || logprobs != o.logprobs || finish != o.finish || top.size() != o.top.size())
-      return false;
-    for (size_t i = 0; i < top.size(); ++i) {
-      if (top[i].size() != o.top[i].size()) return false;
-      for (size_t k = 0; k < top[i].size(); ++k)
-        if (top[i][k].id != o.top[i][k].id || top[i][k].logprob != o.top[i][k].logprob) return false;
-    }
-    return true;
-  }
-};
-
-struct Job {
-  std::vector<int32_t> prompt;
-  int max_tokens = 8;
-  float temperature = 0.0f;
-  uint64_t seed = 0;
-  std::vector<int64_t> message_ends;
-  int speculative = -1;  // GenerationRequest::speculative_tokens
-};
-
-inline Job job(std::vector<int32_t> prompt, int max_tokens, float temperature = 0.0f, uint64_t seed = 0,
-               std::vector<int64_t> message_ends = {}) {
-  return Job{std::move(prompt), max_tokens, temperature, seed, std::move(message_ends), -1};
-}
 
 class EngineHarness : public ::testing::TestWithParam<std::string> {
  protected:
@@ -88,57 +53,8 @@ class EngineHarness : public ::testing::TestWithParam<std::string> {
     return p;
   }
 
-  GenerationRequest request(const Job& j, std::shared_ptr<ResponseChannel> ch, int choice) const {
-    GenerationRequest r;
-    r.prompt = j.prompt;
-    r.max_tokens = j.max_tokens;
-    r.sampling.temperature = j.temperature;
-    r.sampling.seed = j.seed;
-    r.logprobs = true;
-    r.top_logprobs = 3;
-    r.message_ends = j.message_ends;
-    r.speculative_tokens = j.speculative;
-    r.channel = std::move(ch);
-    r.choice = choice;
-    return r;
-  }
-
   // Submits every job at once and waits for all.
-  std::vector<Result> run(const std::vector<Job>& jobs) {
-    auto ch = std::make_shared<ResponseChannel>();
-    std::vector<GenerationRequest> reqs;
-    for (size_t i = 0; i < jobs.size(); ++i) reqs.push_back(request(jobs[i], ch, static_cast<int>(i)));
-    EXPECT_EQ(sched_->submit(std::move(reqs)), SubmitResult::kQueued);
-    return wait_all(*ch, jobs.size());
-  }
-
-  static std::vector<Result> wait_all(ResponseChannel& ch, size_t n) {
-    std::vector<Result> out(n);
-    size_t done = 0;
-    std::vector<Event> evs;
-    const auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (done < n && std::chrono::steady_clock::now() < deadline) {
-      if (!ch.wait(50ms, evs)) continue;
-      for (auto& e : evs) {
-        Result& r = out[static_cast<size_t>(e.choice)];
-        for (auto& t : e.tokens) {
-          r.ids.push_back(t.id);
-          r.logprobs.push_back(t.logprob);
-          r.top.push_back(t.top);
-        }
-        if (e.finished) {
-          r.finish = e.finish;
-          r.cached = e.cached_tokens;
-          r.drafted = e.drafted_tokens;
-          r.accepted = e.accepted_tokens;
-          r.error = e.error;
-          ++done;
-        }
-      }
-    }
-    EXPECT_EQ(done, n) << "timed out";
-    return out;
-  }
+  std::vector<Result> run(const std::vector<Job>& jobs) { return run_jobs(*sched_, jobs); }
 
   // Each job alone: one sequence at a time, the whole prompt in one step, no prefix cache.
   std::vector<Result> alone(const std::vector<Job>& jobs) {
@@ -148,19 +64,7 @@ class EngineHarness : public ::testing::TestWithParam<std::string> {
     return out;
   }
 
-  void expect_idle() {
-    // Give the engine thread a moment to publish its last step's stats.
-    for (int i = 0; i < 100 && sched_->stats().running + sched_->stats().waiting > 0; ++i)
-      std::this_thread::sleep_for(10ms);
-    const auto st = sched_->stats();
-    EXPECT_EQ(st.running, 0);
-    EXPECT_EQ(st.waiting, 0);
-    // What is still held belongs to the prefix cache's checkpoints.
-    EXPECT_EQ(st.state_slots_used, st.prefix_checkpoints);
-    if (st.prefix_checkpoints == 0) {
-      EXPECT_EQ(st.kv_pages_used, 0);
-    }
-  }
+  void expect_idle() { engine::expect_idle(*sched_); }
 
   std::string dir_;
   std::unique_ptr<backend::cpu::CpuBackend> backend_;
