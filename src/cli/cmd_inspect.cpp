@@ -41,6 +41,14 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const backend::Memo
     const bool fits = static_cast<double>(p.total()) <= cap;
     std::printf("  %-18s %s (%.3f GB of %.3f GB)\n", "fits:", fits ? "yes" : "no",
                 static_cast<double>(p.total()) / 1e9, gpu_gb);
+    // What the rest holds once weights and workspace are in: the engine's KV pages and state slots are
+    // handed out per sequence, so as many sequences of max_context positions as their bytes allow.
+    const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace);
+    const double per_seq = static_cast<double>(p.kv_bytes_per_token) * static_cast<double>(p.max_context) +
+                           static_cast<double>(p.state_bytes_per_sequence);
+    const long long n = cap > fixed ? static_cast<long long>((cap - fixed) / per_seq) : 0;
+    std::printf("  %-18s %lld sequences of %lld positions (%.3f GB each: KV + recurrent state)\n",
+                "sequences that fit:", n, static_cast<long long>(p.max_context), per_seq / 1e9);
   }
 }
 

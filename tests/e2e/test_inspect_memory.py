@@ -44,6 +44,12 @@ def test_flags_change_the_plan_and_fit():
     assert f["fits"] == "yes"
     _, tiny = plan("--gpu-memory", 0.01)
     assert tiny["fits"] == "no"
+    # How many sequences of the planned length the rest of the GPU holds, by hand.
+    out, big = plan("--max-context", 4096, "--gpu-memory", 1)
+    n = int(re.search(r"sequences that fit:\s+(\d+) sequences of 4096 positions", out).group(1))
+    per_seq = big["kv per token"] * 4096 + big["state per seq"]
+    assert n == (10**9 - big["weights"] - big["workspace"]) // per_seq
+    assert re.search(r"sequences that fit:\s+0 sequences", run("inspect", HOUSE, "--gpu-memory", 0.01).stdout)
     _, exact = plan("--exact")
     assert exact["kv per token"] == 2 * base["kv per token"]
 
