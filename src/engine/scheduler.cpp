@@ -309,7 +309,13 @@ void Scheduler::take_new_requests() {
       continue;
     }
     if (!s->req.images.empty()) {
-      auto ip = ImagePrompt::make(backend_, s->tokens, s->req.images);
+      // An encoder that throws (allocation failure) fails this request, not the others taken with it.
+      core::Expected<ImagePrompt> ip = core::Error{"images: the encoder failed"};
+      try {
+        ip = ImagePrompt::make(backend_, s->tokens, s->req.images);
+      } catch (const std::exception& ex) {
+        ip = core::Error{std::string("images: the encoder failed: ") + ex.what()};
+      }
       if (!ip.is_ok()) {
         finish(*s, FinishReason::kError, ip.message());
         continue;
