@@ -13,6 +13,8 @@
 
 #include "core/status.hpp"
 #include "model/config.hpp"
+#include "model/mrope.hpp"
+#include "model/vision_config.hpp"
 
 namespace deltaflow::backend {
 
@@ -100,6 +102,15 @@ struct SeqRun {
   RunLogits logits = RunLogits::kLast;
   const SamplingSpec* sample = nullptr;      // draw the token after the run's last row
   std::span<const StateSnapshot> snapshots;  // ascending rows, each in [1, n_rows]
+  // Images (a run of a sequence whose prompt has them; empty for text-only runs, which are unchanged):
+  // - mrope_positions: each row's (t, h, w) rotary position, [n_rows * 3], in place of start_pos + i on all
+  //   three axes (M-RoPE, model/mrope.hpp). Keys and values are still stored at start_pos + i.
+  // - embed_rows (ascending indices within the run) take their input embedding from `embeds` (one hidden-size
+  //   row each, the vision encoder's output) instead of their token's.
+  std::span<const int64_t> mrope_positions;
+  std::span<const int32_t> embed_rows;
+  std::span<const float> embeds;
+  bool has_images() const { return !mrope_positions.empty() || !embed_rows.empty(); }
 };
 
 struct Step {
@@ -169,6 +180,21 @@ class Backend {
     (void)runs;
     out = {};
     return core::Error{std::string(name()) + " backend: drafting with the MTP head is not supported"};
+  }
+
+  // Images: the checkpoint's vision config when this backend can encode images with it (null otherwise, and
+  // vision_error() says why: the backend, or the missing `model.visual.*` weights), and the encoder itself:
+  // pixel values [sum of t*h*w, patch_dim] of the grids, image after image -> [sum of t*h*w / merge^2,
+  // hidden_size] rows, one per image placeholder token.
+  virtual const model::VisionConfig* vision() const { return nullptr; }
+  virtual std::string vision_error() const {
+    return std::string(name()) + " backend: images are not supported (no vision encoder here)";
+  }
+  virtual core::Expected<std::vector<float>> encode_images(std::span<const float> pixel_values,
+                                                           std::span<const model::VisionGrid> grids) {
+    (void)pixel_values;
+    (void)grids;
+    return core::Error{vision_error()};
   }
 };
 

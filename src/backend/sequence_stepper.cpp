@@ -97,6 +97,9 @@ core::Expected<int32_t> SequenceStepper::draw(std::span<const float> row, const 
 }
 
 core::Status SequenceStepper::step(const Step& step, StepOut& out) {
+  for (const auto& r : step.runs)
+    if (r.has_images())
+      return core::Error{std::string(name()) + " backend: runs with image rows are not supported here"};
   const size_t V = static_cast<size_t>(config().vocab_size);
   out.logits.clear();
   out.sampled.assign(step.runs.size(), -1);

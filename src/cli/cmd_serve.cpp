@@ -26,7 +26,8 @@ int cmd_serve(const Argv& argv) {
   ArgSpec spec{
       {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
        "--default-enable-thinking", "--max-body-bytes", "--tensor-parallel-size", "--default-max-tokens",
-       "--allowed-origins", "--shutdown-timeout", "--max-tokens-limit", "--max-request-bytes"},
+       "--allowed-origins", "--shutdown-timeout", "--max-tokens-limit", "--max-request-bytes",
+       "--allowed-local-media-path", "--max-image-pixels", "--limit-mm-per-prompt"},
       {"--insecure-no-auth", "--enable-test-hooks", "--quiet", "--allow-special-in-content"},
       0};
   add_engine_flags(spec);
@@ -86,6 +87,16 @@ int cmd_serve(const Argv& argv) {
   if (*limit < 0 || *limit > (1 << 30))
     return fail(cmd, "flag --max-tokens-limit must be in [1, 1073741824] (0: no limit)");
   o.max_tokens_limit = *limit;
+  o.images.allowed_local_media_path = args->get_or("--allowed-local-media-path", "");
+  auto max_pixels = args->get_int("--max-image-pixels", 0);
+  if (!max_pixels) return fail(cmd, max_pixels.message());
+  if (*max_pixels < 0)
+    return fail(cmd, "flag --max-image-pixels must be at least 1 (0: the decoder's limit)");
+  o.images.max_image_pixels = *max_pixels;
+  auto mm = args->get_int("--limit-mm-per-prompt", 16);
+  if (!mm) return fail(cmd, mm.message());
+  if (*mm < 0 || *mm > 256) return fail(cmd, "flag --limit-mm-per-prompt must be in [0, 256]");
+  o.images.limit_per_prompt = *mm;
   if (auto origins = args->get("--allowed-origins")) {
     auto list = server::parse_allowed_origins(*origins);
     if (!list) return fail(cmd, "flag --allowed-origins: " + list.message());

@@ -195,6 +195,10 @@ const std::map<std::string, Help>& table() {
              {"--max-tokens-limit N",
               "a request asking more than N tokens gets 400; defaults and Ollama's unlimited are capped to N "
               "(default 0: only the context limits)"},
+             {"--allowed-local-media-path DIR",
+              "image_url parts may name image files under DIR (file:// or a path; default: none)"},
+             {"--max-image-pixels N", "images of more than N decoded pixels get 400 (default 0: 89,478,485)"},
+             {"--limit-mm-per-prompt N", "requests with more than N images get 400 (default 16)"},
              {"--shutdown-timeout S",
               "on SIGTERM/SIGINT, seconds running requests may take to finish before they are aborted "
               "(finish_reason \"abort\"; default 30)"},
@@ -235,7 +239,7 @@ bool print_help(const std::string& command, FILE* to) {
   const Help& h = it->second;
   std::fprintf(to, "usage: %s\n\n%s\n\noptions:\n", h.usage, h.about);
   for (const auto& f : h.flags) {
-    if (std::strlen(f.name) <= 30)
+    if (std::strlen(f.name) < 30)  // at least two spaces before the text
       std::fprintf(to, "  %-30s %s\n", f.name, f.text);
     else
       std::fprintf(to, "  %s\n  %-30s %s\n", f.name, "", f.text);

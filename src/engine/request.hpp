@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/constraint.hpp"
+#include "engine/image_prompt.hpp"
 #include "engine/sampler.hpp"
 
 namespace deltaflow::engine {
@@ -65,6 +66,9 @@ struct GenerationRequest {
   // Speculative decoding: draft tokens per step at most, below the engine's --speculative-tokens (< 0: the
   // engine's; 0: off for this request).
   int speculative_tokens = -1;
+  // Images, in the order of the prompt's image-token runs (each run already expanded to its image's token
+  // count, text/vision_placeholders.hpp). The engine encodes them with the backend when the request arrives.
+  std::vector<ImageInput> images;
 };
 
 struct SampledToken {

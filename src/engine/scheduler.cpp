@@ -44,6 +44,10 @@ struct Scheduler::Sequence {
   bool verifying = false;  // this step's run is [tokens.back(), drafts...] with a snapshot after each row
   int32_t checking_draft = -1;  // the draft the token being emitted is checked against (finish() counts it)
   int32_t last_id = -1;         // the last token emit() gave out
+  // Images in the prompt (null: text only): encoder rows, M-RoPE positions, prefix-cache keys.
+  std::unique_ptr<ImagePrompt> images;
+  // What the prefix cache knows this sequence's tokens by.
+  std::span<const int32_t> keys() const { return images ? images->keys() : std::span<const int32_t>(tokens); }
 };
 
 namespace {
@@ -304,6 +308,22 @@ void Scheduler::take_new_requests() {
       finish(*s, FinishReason::kError, why);
       continue;
     }
+    if (!s->req.images.empty()) {
+      // An encoder that throws (allocation failure) fails this request, not the others taken with it.
+      core::Expected<ImagePrompt> ip = core::Error{"images: the encoder failed"};
+      try {
+        ip = ImagePrompt::make(backend_, s->tokens, s->req.images);
+      } catch (const std::exception& ex) {
+        ip = core::Error{std::string("images: the encoder failed: ") + ex.what()};
+      }
+      if (!ip.is_ok()) {
+        finish(*s, FinishReason::kError, ip.message());
+        continue;
+      }
+      s->images = std::make_unique<ImagePrompt>(std::move(ip).value());
+      s->req.images.clear();  // the encoder's rows are all the sequence needs now
+      s->max_drafts = 0;      // the MTP head drafts at text positions only
+    }
     waiting_.push_back(std::move(s));
   }
 }
@@ -329,7 +349,7 @@ bool Scheduler::reserve_pages(Sequence& s, int64_t end) {
 bool Scheduler::admit(Sequence& s) {
   const Checkpoint* cp = nullptr;
   if (use_cache_ && !s.req.prompt_logprobs)
-    cp = cache_->lookup(s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+    cp = cache_->lookup(s.keys(), static_cast<int64_t>(s.tokens.size()) - 1);
   auto slot = take_slot(cp);
   if (!slot) return false;
   s.slot = *slot;
@@ -365,10 +385,8 @@ bool Scheduler::admit(Sequence& s) {
 
 void Scheduler::release(Sequence& s, bool to_cache) {
   if (s.slot >= 0) {
-    const bool kept =
-        to_cache && use_cache_ && s.computed > 0 &&
-        cache_->insert(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(s.computed)), s.slot,
-                       s.pages);
+    const bool kept = to_cache && use_cache_ && s.computed > 0 &&
+                      cache_->insert(s.keys().first(static_cast<size_t>(s.computed)), s.slot, s.pages);
     if (!kept) slots_.give_back(s.slot);
     s.slot = -1;
   }
@@ -475,6 +493,7 @@ void Scheduler::emit(Sequence& s, int32_t drawn, const float* row) {
   e.tokens.push_back(std::move(tok));
   r.channel->push(std::move(e));
   s.tokens.push_back(id);
+  if (s.images) s.images->append(id);
 }
 
 bool Scheduler::step_once() {
@@ -613,6 +632,7 @@ bool Scheduler::step_once() {
       tokens.push_back(s->tokens.back());
       tokens.insert(tokens.end(), s->drafts.begin(), s->drafts.end());
       run.snapshots = s->snaps;
+      if (s->images) s->images->fill_run(run.start_pos, run.n_rows, run);
       runs.push_back(run);
       continue;
     }
@@ -637,7 +657,7 @@ bool Scheduler::step_once() {
       at.erase(std::unique(at.begin(), at.end()), at.end());
       for (int64_t p : at) {
         if (p <= s->computed || p > end || p >= s->prompt_len) continue;
-        const auto prefix = std::span<const int32_t>(s->tokens).first(static_cast<size_t>(p));
+        const auto prefix = s->keys().first(static_cast<size_t>(p));
         if (const Checkpoint* have = cache_->lookup(prefix, p); have && have->depth == p) continue;
         auto slot = slots_.take();
         if (!slot) break;  // no free slot: skip (the running sequences' slots come first)
@@ -645,6 +665,7 @@ bool Scheduler::step_once() {
       }
     }
     run.snapshots = s->snaps;
+    if (s->images) s->images->fill_run(run.start_pos, run.n_rows, run);
     runs.push_back(run);
   }
   backend::StepOut out;
@@ -694,8 +715,7 @@ bool Scheduler::step_once() {
     s.computed += s.chunk;
     for (const auto& sn : s.snaps) {
       const int64_t depth = start + sn.rows;
-      if (!cache_->insert(std::span<const int32_t>(s.tokens).first(static_cast<size_t>(depth)), sn.slot,
-                          s.pages))
+      if (!cache_->insert(s.keys().first(static_cast<size_t>(depth)), sn.slot, s.pages))
         slots_.give_back(sn.slot);
     }
     s.snaps.clear();

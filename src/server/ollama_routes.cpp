@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "server/body_limit.hpp"
+#include "server/image_inputs.hpp"
 #include "server/routes.hpp"
 #include "server/structured_output.hpp"
 
@@ -71,10 +72,24 @@ bool stream_flag(const Json& body) {
 }
 
 void refuse_unsupported(const Json& body) {
-  if (auto it = body.find("images"); it != body.end() && it->is_array() && !it->empty())
-    throw bad_field("images", "image input is not supported");
   if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty())
     throw bad_field("suffix", "'suffix' is not supported");
+}
+
+// Ollama's base64 `images` -> OpenAI image_url parts before the text (server/image_inputs.cpp loads them).
+Json image_parts(const Json& images, const std::string& field, const Json& text) {
+  if (!images.is_array()) throw bad_field(field, "'" + field + "' must be a list of base64 strings");
+  Json parts = Json::array();
+  for (size_t k = 0; k < images.size(); ++k) {
+    if (!images[k].is_string())
+      throw bad_field(field + "[" + std::to_string(k) + "]",
+                      "'" + field + "' must be a list of base64 strings");
+    parts.push_back(
+        {{"type", "image_url"}, {"image_url", {{"url", "data:;base64," + images[k].get<std::string>()}}}});
+  }
+  if (text.is_string() && !text.get<std::string>().empty())
+    parts.push_back({{"type", "text"}, {"text", text}});
+  return parts;
 }
 
 // Ollama messages -> OpenAI-style messages for normalize_messages().
@@ -84,8 +99,9 @@ Json convert_messages(const Json& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     Json m = messages[i];
     if (!m.is_object()) throw bad_field("messages[" + std::to_string(i) + "]", "a message must be an object");
-    if (auto it = m.find("images"); it != m.end() && it->is_array() && !it->empty())
-      throw bad_field("messages[" + std::to_string(i) + "].images", "image input is not supported");
+    if (auto it = m.find("images"); it != m.end() && !it->is_null() && !(it->is_array() && it->empty()))
+      m["content"] =
+          image_parts(*it, "messages[" + std::to_string(i) + "].images", m.value("content", Json()));
     m.erase("images");
     if (auto it = m.find("thinking"); it != m.end()) {
       if (it->is_string()) m["reasoning_content"] = *it;
@@ -128,13 +144,17 @@ Json tool_call_json(const text::ToolCall& call) {
 
 // The common tail of /api/chat and /api/generate.
 void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m, ServerContext& ctx,
-                const Json& body, const text::RenderedChat& prompt, bool chat, bool tools,
-                std::vector<text::ToolSpec> specs, std::chrono::steady_clock::time_point arrival) {
+                const Json& body, const Json& messages, const text::RenderedChat& prompt, bool chat,
+                bool tools, std::vector<text::ToolSpec> specs,
+                std::chrono::steady_clock::time_point arrival) {
   const GenParams params = take(parse_gen_params(body, Api::kOllama, ctx.defaults.generation,
                                                  m.config().vocab_size, ctx.options.enable_test_hooks));
   const bool in_reasoning = ends_in_thought(prompt.text);
-  const std::vector<int32_t> ids = m.encode_prompt(prompt);
-  auto requests = make_requests(m, {ids}, params, in_reasoning, chat ? "messages" : "prompt");
+  std::vector<int32_t> ids = m.encode_prompt(prompt);
+  const std::string field = chat ? "messages" : "prompt";
+  auto images = take(load_prompt_images(message_image_urls(messages), m, ctx.options.images, field, ids));
+  auto requests = make_requests(m, {ids}, params, in_reasoning, field);
+  for (auto& r : requests) r.images = images;
   if (auto spec = parse_structured_output(body, Api::kOllama))
     attach_constraint(requests, *spec, m, in_reasoning);
   OutputOptions o;
@@ -242,7 +262,7 @@ void handle_chat(const httplib::Request& req, httplib::Response& res, ServedMode
   auto text = m.render_chat(messages, tools_json, true, kwargs);
   if (!text) throw bad_field("messages", "the chat template failed: " + text.message());
   const bool tools = !specs.empty();
-  run_ollama(req, res, m, ctx, body, *text, true, tools, std::move(specs), arrival);
+  run_ollama(req, res, m, ctx, body, messages, *text, true, tools, std::move(specs), arrival);
 }
 
 void handle_generate(const httplib::Request& req, httplib::Response& res, ServedModel& m,
@@ -271,19 +291,24 @@ void handle_generate(const httplib::Request& req, httplib::Response& res, Served
     raw = it->get<bool>();
   }
   text::RenderedChat text{prompt, {}};  // raw: the client wrote the whole prompt, tokens and all
+  Json messages = Json::array();
+  const auto images = body.find("images");
+  const bool has_images =
+      images != body.end() && !images->is_null() && !(images->is_array() && images->empty());
+  if (raw && has_images) throw bad_field("images", "'images' cannot go with a raw prompt");
   if (!raw) {
-    Json messages = Json::array();
     if (auto it = body.find("system"); it != body.end() && !it->is_null()) {
       if (!it->is_string()) throw bad_field("system", "'system' must be a string");
       messages.push_back({{"role", "system"}, {"content", *it}});
     }
-    messages.push_back({{"role", "user"}, {"content", prompt}});
+    messages.push_back(
+        {{"role", "user"}, {"content", has_images ? image_parts(*images, "images", prompt) : Json(prompt)}});
     const Json kwargs = {{"enable_thinking", think_flag(body, ctx.defaults.enable_thinking)}};
     auto r = m.render_chat(messages, nullptr, true, kwargs);
     if (!r) throw bad_field("prompt", "the chat template failed: " + r.message());
     text = std::move(*r);
   }
-  run_ollama(req, res, m, ctx, body, text, false, false, {}, arrival);
+  run_ollama(req, res, m, ctx, body, messages, text, false, false, {}, arrival);
 }
 
 Json ps_entry(const ServedModel& m) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "server/body_limit.hpp"
+#include "server/image_inputs.hpp"
 #include "server/openai_call.hpp"
 #include "server/prompt_scoring.hpp"
 #include "server/routes.hpp"
@@ -136,6 +137,7 @@ std::string sse(const Json& j) {
 // Everything a chat request turns into before the engine sees it.
 struct ChatPlan {
   std::vector<int32_t> prompt;
+  std::vector<engine::ImageInput> images;  // in the order of the prompt's image placeholders
   bool in_reasoning = false;
   bool tools = false;
   std::vector<text::ToolSpec> tool_specs;
@@ -207,6 +209,8 @@ ChatPlan plan_chat(const Json& body, ServedModel& m, const ServerContext& ctx) {
     plan.grammar = parse_structured_output(body, Api::kChat);
   }
   plan.prompt = m.encode_prompt(prompt);
+  plan.images =
+      take(load_prompt_images(message_image_urls(messages), m, ctx.options.images, "messages", plan.prompt));
   return plan;
 }
 
@@ -221,11 +225,14 @@ OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
   const GenParams params = take(parse_gen_params(body, Api::kChat, ctx.defaults.generation,
                                                  m.config().vocab_size, ctx.options.enable_test_hooks));
   auto requests = make_requests(m, {plan.prompt}, params, plan.in_reasoning, "messages");
+  for (auto& r : requests) r.images = plan.images;
   if (plan.grammar) attach_constraint(requests, *plan.grammar, m, plan.in_reasoning);
   // vLLM's prompt_logprobs: the rendered prompt scored teacher-forced before generating.
   Json prompt_lp = nullptr;
   if (params.prompt_logprobs) {
     if (stream) throw bad_field("prompt_logprobs", "'prompt_logprobs' is not available with streaming");
+    if (!plan.images.empty())
+      throw bad_field("prompt_logprobs", "'prompt_logprobs' is not available with images");
     const auto scores = score_prompts(m, {plan.prompt}, *params.prompt_logprobs);
     prompt_lp = vllm_prompt_logprobs(m.tokenizer(), plan.prompt, scores[0]);
   }

@@ -382,8 +382,17 @@ Parsed<Json> normalize_messages(const Json& messages, const std::string& field) 
           if (!part.is_object()) return bad_field(pat, "'" + pat + "' must be an object");
           const std::string type =
               part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
+          if (type == "image_url") {
+            // {"url": "..."} (OpenAI) or the URL itself; server/image_inputs.cpp loads it.
+            const auto iu = part.find("image_url");
+            if (iu == part.end() ||
+                !(iu->is_string() || (iu->is_object() && iu->contains("url") && (*iu)["url"].is_string())))
+              return bad_field(pat + ".image_url", "'" + pat + ".image_url' must be {\"url\": string}");
+            continue;
+          }
           if (type != "text")
-            return bad_field(pat + ".type", "content part type '" + type + "' is not supported (text only)");
+            return bad_field(pat + ".type",
+                             "content part type '" + type + "' is not supported (text and image_url)");
           if (!part.contains("text") || !part["text"].is_string())
             return bad_field(pat + ".text", "'" + pat + ".text' must be a string");
         }

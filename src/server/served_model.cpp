@@ -55,6 +55,13 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   limits.max_context = o.engine.max_model_len;
   limits.kv_cache_dtype = o.engine.kv_cache_dtype;
   DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel, limits));
+  if (!m->backend_->vision()) {
+    m->vision_error_ = m->backend_->vision_error();
+  } else if (auto pc = vision::load_processor_config(o.model_dir); !pc) {
+    m->vision_error_ = pc.message();
+  } else {
+    m->processor_ = *pc;
+  }
   DF_ASSIGN(auto tok, text::Tokenizer::load(o.model_dir));
   m->tokenizer_.emplace(std::move(tok));
 

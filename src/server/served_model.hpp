@@ -15,6 +15,7 @@
 #include "engine/scheduler.hpp"
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
+#include "vision/processor_config.hpp"
 
 namespace deltaflow::server {
 
@@ -75,6 +76,11 @@ class ServedModel {
   const std::string& digest() const { return digest_; }
   int64_t modified_unix() const { return modified_unix_; }
   const char* device_name() const { return backend_->name(); }
+  // Images: the vision config when this model and backend can take them (null otherwise: vision_error() says
+  // why, e.g. the missing `model.visual.*` weights), and the checkpoint's image processor.
+  const model::VisionConfig* vision() const { return processor_ ? backend_->vision() : nullptr; }
+  const std::string& vision_error() const { return vision_error_; }
+  const vision::ProcessorConfig& processor() const { return *processor_; }
 
   // Renders the chat template as transformers' apply_chat_template does (text/chat_template.hpp).
   // `messages` are already normalised (tool-call arguments as objects); `tools` null when none; `kwargs` the
@@ -101,6 +107,8 @@ class ServedModel {
   bool xml_tools_ = true;
   std::vector<std::string> literal_tokens_;  // empty: special tokens in content are parsed
   int64_t max_model_len_ = 0;
+  std::optional<vision::ProcessorConfig> processor_;  // set when the backend can encode images
+  std::string vision_error_;
   int64_t parameters_ = 0;
   uint64_t weight_bytes_ = 0;
   std::string digest_;

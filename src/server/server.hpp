@@ -10,6 +10,7 @@
 
 #include "core/status.hpp"
 #include "engine/generate.hpp"
+#include "server/image_options.hpp"
 
 namespace deltaflow::server {
 
@@ -35,6 +36,7 @@ struct ServeOptions {
   // (their streams end with finish_reason "abort" and [DONE]) and exit 0.
   double shutdown_timeout_s = 30;
   int64_t max_tokens_limit = 0;  // --max-tokens-limit: a request asking more tokens gets 400; 0: no limit
+  ImageOptions images;           // --allowed-local-media-path, --max-image-pixels, --limit-mm-per-prompt
 };
 
 // Checks the options (a non-loopback host needs a key unless insecure_no_auth), binds, loads the model

@@ -163,9 +163,15 @@ TEST(ServerParams, MessagesForTheTemplate) {
       R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}])"));
   ASSERT_TRUE(std::holds_alternative<ApiError>(bad_args));
   EXPECT_EQ(std::get<ApiError>(bad_args).param, "messages[0].tool_calls[0].function.arguments");
+  // image_url parts go to the template (server/image_inputs.cpp loads them); they need a URL.
   auto image = normalize_messages(Json::parse(R"([{"role": "user", "content": [{"type": "image_url"}]}])"));
   ASSERT_TRUE(std::holds_alternative<ApiError>(image));
-  EXPECT_EQ(std::get<ApiError>(image).param, "messages[0].content[0].type");
+  EXPECT_EQ(std::get<ApiError>(image).param, "messages[0].content[0].image_url");
+  EXPECT_TRUE(std::holds_alternative<Json>(normalize_messages(Json::parse(
+      R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}])"))));
+  auto audio = normalize_messages(Json::parse(R"([{"role": "user", "content": [{"type": "input_audio"}]}])"));
+  ASSERT_TRUE(std::holds_alternative<ApiError>(audio));
+  EXPECT_EQ(std::get<ApiError>(audio).param, "messages[0].content[0].type");
 }
 
 }  // namespace

@@ -7,9 +7,11 @@
 
 #include "backend/cpu/gated_deltanet.hpp"
 #include "backend/cpu/ops.hpp"
+#include "backend/cpu/vision_encoder.hpp"
 #include "backend/host_sampling.hpp"
 #include "backend/kv_quant.hpp"
 #include "core/threads.hpp"
+#include "model/mrope.hpp"
 #include "model/rope.hpp"
 
 namespace deltaflow::backend::cpu {
@@ -62,7 +64,30 @@ core::Expected<std::unique_ptr<CpuBackend>> CpuBackend::load(const std::string& 
   const auto rope = model::rope_frequencies(c);
   b->inv_freq_ = rope.inv_freq;
   b->rope_scaling_ = rope.attention_scaling;
+  for (int64_t i = 0; i < c.rotary_dim() / 2; ++i)
+    b->mrope_axis_.push_back(static_cast<uint8_t>(
+        c.mrope_section.empty() ? 0 : model::mrope_axis(i, c.mrope_section, c.mrope_interleaved)));
+  // The vision tower, when the checkpoint has one; otherwise images are refused with the reason.
+  auto vc = model::load_vision_config(dir);
+  if (!vc.is_ok()) {
+    b->vision_error_ = vc.message();
+  } else if (auto vw = model::bind_vision_weights(*vc, b->checkpoint_); !vw.is_ok()) {
+    b->vision_error_ = vw.message();
+  } else if (vc->out_hidden_size != c.hidden_size) {
+    b->vision_error_ = "vision_config.out_hidden_size " + std::to_string(vc->out_hidden_size) +
+                       " is not the text model's hidden_size " + std::to_string(c.hidden_size);
+  } else {
+    b->vision_config_ = *vc;
+    b->vision_weights_ = std::move(vw).value();
+    b->vision_ok_ = true;
+  }
   return b;
+}
+
+core::Expected<std::vector<float>> CpuBackend::encode_images(std::span<const float> pixel_values,
+                                                             std::span<const model::VisionGrid> grids) {
+  if (!vision_ok_) return core::Error{vision_error_};
+  return cpu::encode_images(vision_config_, vision_weights_, pixel_values, grids);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -250,8 +275,16 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
     for (int64_t i = 0; i < run.n_rows; ++i) {
       const int64_t t = run.first_row + i, p = run.start_pos + i;
       run_of[static_cast<size_t>(t)] = &run;
-      rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
-      rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
+      if (run.mrope) {
+        const int64_t* thw = run.mrope + 3 * i;
+        rope_neox_mrope(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), thw,
+                        mrope_axis_.data(), rope_scaling_);
+        rope_neox_mrope(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), thw,
+                        mrope_axis_.data(), rope_scaling_);
+      } else {
+        rope_neox(q.data() + t * nh * hd, nh, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
+        rope_neox(kx.data() + t * kvw, nkv, hd, c.rotary_dim(), inv_freq_.data(), p, rope_scaling_);
+      }
       for (int64_t h = 0; h < nkv; ++h) {
         round_kv_row(kx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);
         round_kv_row(vx.data() + t * kvw + h * hd, hd, opt_.kv_cache_dtype);
@@ -389,6 +422,10 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
   std::vector<float> h(static_cast<size_t>(T * H)), xn(static_cast<size_t>(T * H)),
       y(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t) load_row(weights_.embed_tokens, tokens[t], h.data() + t * H);
+  for (const auto& run : runs)
+    for (size_t i = 0; i < run.embed_rows.size(); ++i)
+      std::copy_n(run.embeds.data() + static_cast<int64_t>(i) * H, H,
+                  h.data() + (run.first_row + run.embed_rows[i]) * H);
   if (trace) trace->hidden.assign(1, h);
 
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
@@ -541,6 +578,16 @@ core::Status CpuBackend::check_step(const Step& st) const {
     for (int32_t p : r.kv_pages)
       if (p < 0 || p >= pools_.kv_pages)
         return core::Error{"step: KV page " + std::to_string(p) + " is outside the pool"};
+    if (!r.mrope_positions.empty() && static_cast<int64_t>(r.mrope_positions.size()) != 3 * int64_t{r.n_rows})
+      return core::Error{"step: a run's M-RoPE positions must be 3 per row"};
+    if (r.embeds.size() != r.embed_rows.size() * static_cast<size_t>(config_.hidden_size))
+      return core::Error{"step: a run's input embeddings must be one hidden-size row per embedding row"};
+    for (size_t i = 0; i < r.embed_rows.size(); ++i)
+      if (r.embed_rows[i] < 0 || r.embed_rows[i] >= r.n_rows ||
+          (i > 0 && r.embed_rows[i] <= r.embed_rows[i - 1]))
+        return core::Error{"step: a run's embedding rows must be ascending rows of the run"};
+    if (!r.mrope_positions.empty() && config_.mrope_section.empty())
+      return core::Error{"step: M-RoPE positions for a model without mrope_section"};
     int32_t last = 0;
     for (const auto& s : r.snapshots) {
       if (s.rows <= last || s.rows > r.n_rows || s.slot < 0 || s.slot >= pools_.state_slots ||
@@ -569,6 +616,9 @@ core::Status CpuBackend::step(const Step& st, StepOut& out) {
       std::fill_n(states_.get() + per_slot * static_cast<size_t>(r.state_slot), per_slot, 0.0f);
     }
     for (const auto& s : r.snapshots) rm.snapshots.push_back({s.rows, slot_memory(s.slot, {})});
+    rm.mrope = r.mrope_positions.empty() ? nullptr : r.mrope_positions.data();
+    rm.embed_rows = r.embed_rows;
+    rm.embeds = r.embeds;
     runs.push_back(std::move(rm));
     const int64_t last = r.first_row + r.n_rows - 1;
     if (r.logits == RunLogits::kAll) {

@@ -21,6 +21,8 @@
 #include "backend/backend.hpp"
 #include "backend/sequence_backend.hpp"
 #include "io/safetensors.hpp"
+#include "model/vision_config.hpp"
+#include "model/vision_weights.hpp"
 #include "model/weights.hpp"
 
 namespace deltaflow::backend::cpu {
@@ -70,6 +72,10 @@ struct RunMemory {
   int64_t first_row = 0, n_rows = 0, start_pos = 0;
   SeqMemory mem;
   std::vector<std::pair<int64_t, SeqMemory>> snapshots;  // (rows, where the state after them is copied)
+  // Images (SeqRun): (t, h, w) per row, or null for positions start_pos + i; rows given as embeddings.
+  const int64_t* mrope = nullptr;
+  std::span<const int32_t> embed_rows;
+  std::span<const float> embeds;
 };
 
 struct CpuOptions {
@@ -105,6 +111,11 @@ class CpuBackend final : public Backend, public SequenceBackend {
   core::Status draft(std::span<const DraftRun> runs, DraftOut& out) override;
   // A state slot's floats (tests compare states bitwise).
   std::span<const float> slot_floats(int32_t slot) const;
+  // Images, with the checkpoint's vision tower (backend/cpu/vision_encoder.hpp).
+  const model::VisionConfig* vision() const override { return vision_ok_ ? &vision_config_ : nullptr; }
+  std::string vision_error() const override { return vision_error_; }
+  core::Expected<std::vector<float>> encode_images(std::span<const float> pixel_values,
+                                                   std::span<const model::VisionGrid> grids) override;
   // Calibration (`deltaflow quantize --format nvfp4-mixed`): while set, the largest |input| of every
   // attention projection is recorded, by module name (the weight's checkpoint name without ".weight").
   void record_input_amax(std::map<std::string, float>* out) { input_amax_ = out; }
@@ -152,6 +163,11 @@ class CpuBackend final : public Backend, public SequenceBackend {
   LayerConsts mtp_consts_;  // the MTP decoder layer's norms, and its norms before fc and after the layer
   std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_, mtp_norm_;
   std::vector<float> inv_freq_;      // RoPE, rotary_dim / 2 entries
+  std::vector<uint8_t> mrope_axis_;  // M-RoPE: the position (0 t, 1 h, 2 w) each frequency takes
+  bool vision_ok_ = false;
+  std::string vision_error_;
+  model::VisionConfig vision_config_;
+  model::VisionWeights vision_weights_;
   float rope_scaling_ = 1.0f;        // yarn's attention factor on cos and sin
   std::vector<int64_t> type_index_;  // layer -> index among layers of its type
   int64_t n_linear_ = 0, n_full_ = 0;

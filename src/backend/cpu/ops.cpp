@@ -66,12 +66,16 @@ void l2norm(float* x, int64_t T, int64_t n, float eps) {
   }
 }
 
-void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos,
+namespace {
+
+// Rotate-half rotary over the first `rot` dims of every head; frequency i at position pos_of(i).
+template <class PosOf>
+void rope_rows(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, PosOf pos_of,
                float scaling) {
   const int64_t half = rot / 2;
   for (int64_t i = 0; i < half; ++i) {
     // Frequencies in fp32 as transformers computes them (inv_freq @ position_ids in fp32).
-    const float f = static_cast<float>(pos) * inv_freq[i];
+    const float f = static_cast<float>(pos_of(i)) * inv_freq[i];
     const float c = std::cos(f) * scaling, s = std::sin(f) * scaling;  // yarn's attention factor
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + h * head_dim;
@@ -80,6 +84,20 @@ void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const flo
       v[i + half] = b * c + a * s;
     }
   }
+}
+
+}  // namespace
+
+void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos,
+               float scaling) {
+  rope_rows(
+      x, heads, head_dim, rot, inv_freq, [pos](int64_t) { return pos; }, scaling);
+}
+
+void rope_neox_mrope(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq,
+                     const int64_t* pos, const uint8_t* axis, float scaling) {
+  rope_rows(
+      x, heads, head_dim, rot, inv_freq, [pos, axis](int64_t i) { return pos[axis[i]]; }, scaling);
 }
 
 void softmax(float* x, int64_t n) {

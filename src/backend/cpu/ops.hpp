@@ -54,6 +54,10 @@ inline float softplus(float x) {
 // inv_freq has rot/2 entries.
 void rope_neox(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq, int64_t pos,
                float scaling = 1.0f);
+// M-RoPE (model/mrope.hpp): as rope_neox, frequency i at position pos[axis[i]] (pos: t, h, w). With three
+// equal positions it computes exactly what rope_neox does at that position.
+void rope_neox_mrope(float* x, int64_t heads, int64_t head_dim, int64_t rot, const float* inv_freq,
+                     const int64_t* pos, const uint8_t* axis, float scaling);
 
 // In-place softmax over n values (max-subtracted).
 void softmax(float* x, int64_t n);
