@@ -58,36 +58,19 @@ core::Expected<SequenceState*> SequenceStepper::sequence_for(const SeqRun& run) 
 
 core::Status SequenceStepper::prefill_run(const SeqRun& r, SequenceState* s,
                                           std::span<const int32_t> tokens) {
-  logits_.clear();
-  std::vector<float> part;
-  int32_t done = 0;
-  const auto run_part = [&](int32_t end) -> core::Status {
-    if (end <= done) return core::Status();
-    // Logits of every row (kAll), or of the run's last row only.
-    const bool last_part = end == r.n_rows;
-    PrefillItem item{s, tokens.subspan(static_cast<size_t>(done), static_cast<size_t>(end - done)),
-                     r.logits == RunLogits::kAll};
-    DF_TRY(inner_->prefill(std::span<const PrefillItem>(&item, 1), part));
-    if (r.logits == RunLogits::kAll || last_part) logits_.insert(logits_.end(), part.begin(), part.end());
-    done = end;
-    return core::Status();
-  };
   int32_t prev = 0;
   for (const StateSnapshot& snap : r.snapshots) {
     if (snap.rows < 1 || snap.rows > r.n_rows || snap.rows < prev)
       return core::Error{"step: snapshot rows must ascend within the run"};
     prev = snap.rows;
   }
-  if (inner_->prefill_snapshots()) {
-    // The backend copies the states in the same pass.
-    PrefillItem item{s, tokens, r.logits == RunLogits::kAll, r.snapshots};
-    return inner_->prefill(std::span<const PrefillItem>(&item, 1), logits_);
-  }
-  for (const StateSnapshot& snap : r.snapshots) {
-    DF_TRY(run_part(snap.rows));
-    DF_TRY(inner_->copy_state(r.state_slot, snap.slot));
-  }
-  return run_part(r.n_rows);
+  // Snapshots reach only a paged backend (sequence_for refuses them otherwise); it copies the states in the
+  // same pass.
+  if (!r.snapshots.empty() && !inner_->prefill_snapshots())
+    return core::Error{std::string(name()) + " backend: no state snapshots"};
+  logits_.clear();
+  PrefillItem item{s, tokens, r.logits == RunLogits::kAll, r.snapshots};
+  return inner_->prefill(std::span<const PrefillItem>(&item, 1), logits_);
 }
 
 core::Expected<int32_t> SequenceStepper::draw(std::span<const float> row, const SamplingSpec& spec) {

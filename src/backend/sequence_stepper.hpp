@@ -1,7 +1,7 @@
 // Puts a SequenceBackend (sequence_backend.hpp) behind the step seam. Two ways:
 // - paged (the backend's can_page(): CUDA): the backend allocates the engine's pools and each run binds its
-//   state slot and block table; states and pages are copied on request, and a run's snapshots split it at
-//   their rows (the state copied to the snapshot slot after each part), so the prefix cache works.
+//   state slot and block table; states and pages are copied on request, and a run's snapshots are copied by
+//   the backend in the run's own pass (prefill_snapshots), so the prefix cache works.
 // - per-sequence (tensor parallel): engine state slot i is the i-th sequence the backend hands out, a run at
 //   start_pos 0 starts it afresh, and the KV of a sequence is not in the engine's pages (Pools::paged is
 //   false): no page sharing, no state copies, so no prefix cache.
@@ -38,8 +38,8 @@ class SequenceStepper final : public Backend {
 
  private:
   core::Expected<SequenceState*> sequence_for(const SeqRun& run);
-  // A prefill run (or one with snapshots): its tokens in parts ending at the snapshot rows, the state copied
-  // after each; logits rows appended to logits_.
+  // A prefill run (or one with snapshots, which the backend copies in the same pass); its logits rows into
+  // logits_.
   core::Status prefill_run(const SeqRun& run, SequenceState* s, std::span<const int32_t> tokens);
   // The draw from one host row: on the backend when it samples, else the host reference.
   core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec);

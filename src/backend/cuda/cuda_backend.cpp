@@ -1195,9 +1195,8 @@ core::Status CudaBackend::lm_head(int64_t r0, int64_t rows) {
 // ---------------------------------------------------------------------------------------------------------------
 // Entry points
 
-namespace {
-
-core::Status check_ids(std::span<const int32_t> tokens, int64_t V) {
+core::Status CudaBackend::check_ids(std::span<const int32_t> tokens) const {
+  const int64_t V = config_.vocab_size;
   for (int32_t id : tokens)
     if (id < 0 || id >= V)
       return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -1205,7 +1204,25 @@ core::Status check_ids(std::span<const int32_t> tokens, int64_t V) {
   return core::Status();
 }
 
-}  // namespace
+core::Status CudaBackend::check_snapshots(std::span<const StateSnapshot> snaps, int64_t n, int slot) const {
+  for (const StateSnapshot& snap : snaps)
+    if (snap.rows < 1 || snap.rows > n || snap.slot < 0 || snap.slot >= plan_.slots - 1 || snap.slot == slot)
+      return core::Error{"step: a snapshot outside the run or the pool"};
+  return core::Status();
+}
+
+void CudaBackend::append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
+                                          std::span<const StateSnapshot> snaps,
+                                          std::vector<RowSegment>& segs) {
+  int64_t r = 0;
+  for (const StateSnapshot& snap : snaps) {
+    const int64_t at = snap.rows - off;  // rows of this part before the snapshot
+    if (at <= r || at > n) continue;
+    segs.push_back({row0 + r, at - r, false, slot, snap.slot});
+    r = at;
+  }
+  if (r < n) segs.push_back({row0 + r, n - r, false, slot, -1});
+}
 
 core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float>& logits) {
   auto* s = dynamic_cast<CudaSequenceState*>(item.state);
@@ -1215,17 +1232,14 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
                        std::to_string(opt_.max_sequences) + ")"};
   const int64_t T = static_cast<int64_t>(item.tokens.size()), V = config_.vocab_size;
   if (T == 0) return core::Error{"forward: no tokens"};
-  DF_TRY(check_ids(item.tokens, V));
+  DF_TRY(check_ids(item.tokens));
   const int64_t limit = std::min<int64_t>(config_.max_position_embeddings, plan_.max_context);
   if (s->pos + T > limit)
     return core::Error{
         "sequence length " + std::to_string(s->pos + T) + " exceeds " +
         (limit == config_.max_position_embeddings ? "max_position_embeddings " : "the KV cache of ") +
         std::to_string(limit)};
-  for (const StateSnapshot& snap : item.snapshots)
-    if (snap.rows < 1 || snap.rows > T || snap.slot < 0 || snap.slot >= plan_.slots - 1 ||
-        snap.slot == s->slot)
-      return core::Error{"prefill: a snapshot outside the run or the pool"};
+  DF_TRY(check_snapshots(item.snapshots, T, s->slot));
   const int64_t R = max_rows_;
   std::vector<RowSegment> segs;
   for (int64_t off = 0; off < T; off += R) {
@@ -1241,16 +1255,8 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
         cudaMemcpyAsync(ws_.pos, pinned_ + R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
     DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
                                 stream_));
-    // Segments of this chunk, split after each snapshot's rows.
     segs.clear();
-    int64_t r = 0;
-    for (const StateSnapshot& snap : item.snapshots) {
-      const int64_t at = snap.rows - off;  // rows of this chunk before the snapshot
-      if (at <= r || at > n) continue;
-      segs.push_back({r, at - r, false, s->slot, snap.slot});
-      r = at;
-    }
-    if (r < n) segs.push_back({r, n - r, false, s->slot, -1});
+    append_prefill_segments(0, off, n, s->slot, item.snapshots, segs);
     DF_TRY(run_layers(n, segs));
     const bool last = off + n == T;
     const int64_t first = item.all_logits ? 0 : (last ? n - 1 : n);
@@ -1294,7 +1300,7 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
                                       std::vector<float>* logits, std::vector<int32_t>* ids) {
   if (seqs.size() != tokens.size()) return core::Error{"decode: one token per sequence"};
   const int64_t V = config_.vocab_size, n = static_cast<int64_t>(seqs.size());
-  DF_TRY(check_ids(tokens, V));
+  DF_TRY(check_ids(tokens));
   const int64_t limit = std::min<int64_t>(config_.max_position_embeddings, plan_.max_context);
   std::vector<CudaSequenceState*> ss;
   for (auto* s : seqs) {

@@ -196,6 +196,14 @@ class CudaBackend final : public SequenceBackend {
   // rows [0, n) in order. The matmuls take every row at once; the conv, the delta rule and attention run
   // segment by segment. Leaves the final-normed rows in ws_.xn.
   core::Status run_layers(int64_t n, std::span<const RowSegment> segs);
+  // Rows [row0, row0 + n) of a prefill of `slot` whose first row is token `off` of its run, as segments
+  // split after each snapshot's rows (snapshot rows count from the run's first token).
+  static void append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
+                                      std::span<const StateSnapshot> snaps, std::vector<RowSegment>& segs);
+  // What every entry point checks of its input: token ids inside the vocabulary; snapshots inside a run of
+  // n rows of `slot` and inside the pool (not the scratch slot).
+  core::Status check_ids(std::span<const int32_t> tokens) const;
+  core::Status check_snapshots(std::span<const StateSnapshot> snaps, int64_t n, int slot) const;
   core::Status gated_deltanet(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
   core::Status full_attention(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
   core::Status ffn(const DLayer& L, int64_t n);

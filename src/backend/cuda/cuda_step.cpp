@@ -55,16 +55,10 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
     if (cs->pos + r.n_rows > limit)
       return core::Error{"sequence length " + std::to_string(cs->pos + r.n_rows) + " exceeds " +
                          std::to_string(limit)};
-    for (const StateSnapshot& snap : r.snapshots)
-      if (snap.rows < 1 || snap.rows > r.n_rows || snap.slot < 0 || snap.slot >= plan_.slots - 1 ||
-          snap.slot == cs->slot)
-        return core::Error{"step: a snapshot outside the run or the pool"};
+    DF_TRY(check_snapshots(r.snapshots, r.n_rows, cs->slot));
     ss.push_back(cs);
   }
-  for (int32_t id : step.tokens)
-    if (id < 0 || id >= V)
-      return core::Error{"token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                         std::to_string(V) + ")"};
+  DF_TRY(check_ids(step.tokens));
 
   // Rows: decode rows first (one segment), then each prefill run. row_of[i]: run i's first row in the pass.
   std::vector<int64_t> row_of(step.runs.size());
@@ -87,15 +81,8 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
     const SeqRun& r = step.runs[i];
     if (is_decode_row(r)) continue;
     row_of[i] = n;
-    const int64_t r0 = n;
+    append_prefill_segments(n, 0, r.n_rows, ss[i]->slot, r.snapshots, segs);
     for (int64_t j = 0; j < r.n_rows; ++j) stage(i, j);
-    int64_t at = 0;
-    for (const StateSnapshot& snap : r.snapshots) {
-      if (snap.rows <= at) continue;
-      segs.push_back({r0 + at, snap.rows - at, false, ss[i]->slot, snap.slot});
-      at = snap.rows;
-    }
-    if (at < r.n_rows) segs.push_back({r0 + at, r.n_rows - at, false, ss[i]->slot, -1});
   }
   const size_t b = static_cast<size_t>(n) * 4;
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
