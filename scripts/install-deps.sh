@@ -4,7 +4,7 @@ set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 pkgs=(build-essential cmake ninja-build pkg-config git python3 python3-pip python3-venv
-      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libgtest-dev libgmock-dev
+      nlohmann-json3-dev libpcre2-dev libutf8proc-dev libboost-dev libgtest-dev libgmock-dev
       libpng-dev libjpeg-dev libwebp-dev libgif-dev zlib1g-dev
       curl jq chromium)  # curl, jq: the README's examples (tested); chromium: the chat page's browser test
 missing=()

@@ -23,13 +23,30 @@ core::Expected<bool> parse_bool(const std::string& flag, const std::string& v) {
 
 int cmd_serve(const Argv& argv) {
   const std::string cmd = "serve";
-  ArgSpec spec{
-      {"--model", "--device", "--host", "--port", "--api-key", "--api-key-file", "--served-model-name",
-       "--default-enable-thinking", "--max-body-bytes", "--tensor-parallel-size", "--default-max-tokens",
-       "--allowed-origins", "--shutdown-timeout", "--max-tokens-limit", "--max-request-bytes",
-       "--allowed-local-media-path", "--max-image-pixels", "--limit-mm-per-prompt"},
-      {"--insecure-no-auth", "--enable-test-hooks", "--quiet", "--allow-special-in-content"},
-      0};
+  ArgSpec spec{{"--model",
+                "--device",
+                "--host",
+                "--port",
+                "--api-key",
+                "--api-key-file",
+                "--served-model-name",
+                "--default-enable-thinking",
+                "--max-body-bytes",
+                "--tensor-parallel-size",
+                "--default-max-tokens",
+                "--allowed-origins",
+                "--shutdown-timeout",
+                "--max-tokens-limit",
+                "--max-request-bytes",
+                "--allowed-local-media-path",
+                "--max-image-pixels",
+                "--limit-mm-per-prompt",
+                "--max-connections",
+                "--header-timeout",
+                "--body-timeout",
+                "--keep-alive-timeout"},
+               {"--insecure-no-auth", "--enable-test-hooks", "--quiet", "--allow-special-in-content"},
+               0};
   add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
@@ -101,6 +118,23 @@ int cmd_serve(const Argv& argv) {
     auto list = server::parse_allowed_origins(*origins);
     if (!list) return fail(cmd, "flag --allowed-origins: " + list.message());
     o.allowed_origins = std::move(*list);
+  }
+  auto conns = args->get_int("--max-connections", 1024);
+  if (!conns) return fail(cmd, conns.message());
+  if (*conns < 1 || *conns > 65536) return fail(cmd, "flag --max-connections must be in [1, 65536]");
+  o.max_connections = static_cast<size_t>(*conns);
+  struct Timeout {
+    const char* flag;
+    double* value;
+  };
+  for (const Timeout& t :
+       {Timeout{"--header-timeout", &o.header_timeout_s}, Timeout{"--body-timeout", &o.body_timeout_s},
+        Timeout{"--keep-alive-timeout", &o.keep_alive_timeout_s}}) {
+    auto v = args->get_double(t.flag, *t.value);
+    if (!v) return fail(cmd, v.message());
+    if (!(*v >= 0.1 && *v <= 3600))
+      return fail(cmd, std::string("flag ") + t.flag + " must be in [0.1, 3600] seconds");
+    *t.value = *v;
   }
   auto shutdown = args->get_double("--shutdown-timeout", 30.0);
   if (!shutdown) return fail(cmd, shutdown.message());

@@ -199,6 +199,12 @@ const std::map<std::string, Help>& table() {
               "image_url parts may name image files under DIR (file:// or a path; default: none)"},
              {"--max-image-pixels N", "images of more than N decoded pixels get 400 (default 0: 89,478,485)"},
              {"--limit-mm-per-prompt N", "requests with more than N images get 400 (default 16)"},
+             {"--max-connections N", "more open connections than N get 503 at once (default 1024)"},
+             {"--header-timeout S",
+              "a request's head must arrive within S seconds, else 408 and the connection closes (default "
+              "10)"},
+             {"--body-timeout S", "its body within S seconds after the head, else 408 (default 60)"},
+             {"--keep-alive-timeout S", "an idle connection closes after S seconds (default 5)"},
              {"--shutdown-timeout S",
               "on SIGTERM/SIGINT, seconds running requests may take to finish before they are aborted "
               "(finish_reason \"abort\"; default 30)"},

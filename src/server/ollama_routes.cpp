@@ -2,7 +2,6 @@
 // /api/ps, /api/version; enough for the `ollama` Python client and tools built on it.
 #include <cmath>
 
-#include "server/body_limit.hpp"
 #include "server/image_inputs.hpp"
 #include "server/routes.hpp"
 #include "server/structured_output.hpp"
@@ -143,7 +142,7 @@ Json tool_call_json(const text::ToolCall& call) {
 }
 
 // The common tail of /api/chat and /api/generate.
-void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m, ServerContext& ctx,
+void run_ollama(const http::Request&, http::Response& res, ServedModel& m, ServerContext& ctx,
                 const Json& body, const Json& messages, const text::RenderedChat& prompt, bool chat,
                 bool tools, std::vector<text::ToolSpec> specs,
                 std::chrono::steady_clock::time_point arrival) {
@@ -244,7 +243,7 @@ void run_ollama(const httplib::Request&, httplib::Response& res, ServedModel& m,
   respond_streaming(res, "application/x-ndjson", run, std::move(w));
 }
 
-void handle_chat(const httplib::Request& req, httplib::Response& res, ServedModel& m, ServerContext& ctx) {
+void handle_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   check_model(body, m, true);
@@ -265,7 +264,7 @@ void handle_chat(const httplib::Request& req, httplib::Response& res, ServedMode
   run_ollama(req, res, m, ctx, body, messages, *text, true, tools, std::move(specs), arrival);
 }
 
-void handle_generate(const httplib::Request& req, httplib::Response& res, ServedModel& m,
+void handle_generate(const http::Request& req, http::Response& res, ServedModel& m,
                      ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
@@ -325,16 +324,16 @@ Json ps_entry(const ServedModel& m) {
 
 }  // namespace
 
-void add_ollama_routes(httplib::Server& svr, ServerContext& ctx) {
-  post_limited(svr, ctx, true, "/api/chat",
-               guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+void add_ollama_routes(http::Server& svr, ServerContext& ctx) {
+  svr.route("POST", "/api/chat",
+               guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_chat(q, r, m, ctx);
                }));
-  post_limited(svr, ctx, true, "/api/generate",
-               guarded(ctx, true, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+  svr.route("POST", "/api/generate",
+               guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_generate(q, r, m, ctx);
                }));
-  svr.Get("/api/tags", guarded(ctx, true, [](const httplib::Request&, httplib::Response& r, ServedModel& m) {
+  svr.route("GET", "/api/tags", guarded(ctx, true, [](const http::Request&, http::Response& r, ServedModel& m) {
             send_json(r, {{"models", Json::array({{{"name", m.name()},
                                                    {"model", m.name()},
                                                    {"modified_at", modified_iso(m)},
@@ -342,8 +341,8 @@ void add_ollama_routes(httplib::Server& svr, ServerContext& ctx) {
                                                    {"digest", m.digest()},
                                                    {"details", details(m)}}})}});
           }));
-  post_limited(svr, ctx, true, "/api/show",
-               guarded(ctx, true, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+  svr.route("POST", "/api/show",
+               guarded(ctx, true, [](const http::Request& q, http::Response& r, ServedModel& m) {
                  const Json body = take(parse_body(q.body));
                  Json b = body;
                  if (!b.contains("model") && b.contains("name")) b["model"] = b["name"];  // older clients
@@ -369,10 +368,10 @@ void add_ollama_routes(httplib::Server& svr, ServerContext& ctx) {
                                {"capabilities", std::move(caps)},
                                {"modified_at", modified_iso(m)}});
                }));
-  svr.Get("/api/ps", guarded(ctx, true, [](const httplib::Request&, httplib::Response& r, ServedModel& m) {
+  svr.route("GET", "/api/ps", guarded(ctx, true, [](const http::Request&, http::Response& r, ServedModel& m) {
             send_json(r, {{"models", Json::array({ps_entry(m)})}});
           }));
-  svr.Get("/api/version", [](const httplib::Request&, httplib::Response& r) {
+  svr.route("GET", "/api/version", [](const http::Request&, http::Response& r) {
     send_json(r, {{"version", kVersion}});
   });
 }

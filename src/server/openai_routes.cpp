@@ -2,7 +2,6 @@
 // /detokenize.
 #include <algorithm>
 
-#include "server/body_limit.hpp"
 #include "server/image_inputs.hpp"
 #include "server/openai_call.hpp"
 #include "server/prompt_scoring.hpp"
@@ -300,7 +299,7 @@ OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
 
 namespace {
 
-void handle_chat(const httplib::Request& req, httplib::Response& res, ServedModel& m, ServerContext& ctx) {
+void handle_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   OpenAICall call = prepare_chat(body, m, ctx, arrival);
@@ -584,7 +583,7 @@ OpenAICall prepare_completions(const Json& body, ServedModel& m, ServerContext& 
 
 namespace {
 
-void handle_completions(const httplib::Request& req, httplib::Response& res, ServedModel& m,
+void handle_completions(const http::Request& req, http::Response& res, ServedModel& m,
                         ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
@@ -667,7 +666,7 @@ Json model_card(const ServedModel& m, const ServerContext& ctx) {
       {"root", m.dir()}, {"parent", nullptr}, {"max_model_len", m.max_model_len()}};
 }
 
-void handle_tokenize(const httplib::Request& req, httplib::Response& res, ServedModel& m,
+void handle_tokenize(const http::Request& req, http::Response& res, ServedModel& m,
                      ServerContext& ctx) {
   const Json body = take(parse_body(req.body));
   check_model(body, m);
@@ -701,7 +700,7 @@ void handle_tokenize(const httplib::Request& req, httplib::Response& res, Served
   send_json(res, out);
 }
 
-void handle_detokenize(const httplib::Request& req, httplib::Response& res, ServedModel& m) {
+void handle_detokenize(const http::Request& req, http::Response& res, ServedModel& m) {
   const Json body = take(parse_body(req.body));
   check_model(body, m);
   auto it = body.find("tokens");
@@ -718,33 +717,33 @@ void handle_detokenize(const httplib::Request& req, httplib::Response& res, Serv
 
 }  // namespace
 
-void add_openai_routes(httplib::Server& svr, ServerContext& ctx) {
-  post_limited(svr, ctx, false, "/v1/chat/completions",
-               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+void add_openai_routes(http::Server& svr, ServerContext& ctx) {
+  svr.route("POST", "/v1/chat/completions",
+               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_chat(q, r, m, ctx);
                }));
-  post_limited(svr, ctx, false, "/v1/completions",
-               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+  svr.route("POST", "/v1/completions",
+               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_completions(q, r, m, ctx);
                }));
-  svr.Get("/v1/models",
-          guarded(ctx, false, [&ctx](const httplib::Request&, httplib::Response& r, ServedModel& m) {
+  svr.route("GET", "/v1/models",
+          guarded(ctx, false, [&ctx](const http::Request&, http::Response& r, ServedModel& m) {
             send_json(r, {{"object", "list"}, {"data", Json::array({model_card(m, ctx)})}});
           }));
-  svr.Get(R"(/v1/models/(.+))",
-          guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
-            const std::string name = q.matches[1].str();
+  svr.route("GET", R"(/v1/models/(.+))",
+          guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+            const std::string name = q.matches[1];
             if (!m.matches(name))
               throw ApiError{404, "The model '" + name + "' does not exist", "invalid_request_error", "model",
                              "model_not_found"};
             send_json(r, model_card(m, ctx));
           }));
-  post_limited(svr, ctx, false, "/tokenize",
-               guarded(ctx, false, [&ctx](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+  svr.route("POST", "/tokenize",
+               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_tokenize(q, r, m, ctx);
                }));
-  post_limited(svr, ctx, false, "/detokenize",
-               guarded(ctx, false, [](const httplib::Request& q, httplib::Response& r, ServedModel& m) {
+  svr.route("POST", "/detokenize",
+               guarded(ctx, false, [](const http::Request& q, http::Response& r, ServedModel& m) {
                  handle_detokenize(q, r, m);
                }));
 }

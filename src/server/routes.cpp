@@ -26,18 +26,18 @@ std::string iso_time(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-void send_json(httplib::Response& res, const Json& j, int status) {
+void send_json(http::Response& res, const Json& j, int status) {
   res.status = status;
   res.set_content(dump(j), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e, bool ollama) {
+void send_error(http::Response& res, const ApiError& e, bool ollama) {
   res.status = e.status;
   res.set_content(ollama ? ollama_error_body(e) : openai_error_body(e), "application/json");
 }
 
-httplib::Server::Handler guarded(ServerContext& ctx, bool ollama, Handler h) {
-  return [&ctx, ollama, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
+http::Handler guarded(ServerContext& ctx, bool ollama, Handler h) {
+  return [&ctx, ollama, h = std::move(h)](const http::Request& req, http::Response& res) {
     ServedModel* m = ctx.model.load();
     if (!m) return send_error(res, unavailable("the model is still loading"), ollama);
     try {
@@ -163,7 +163,7 @@ const GenerationRun::DeltaFn kIgnoreDelta = [](int, const OutputDelta&) { return
 
 }  // namespace
 
-void respond_when_done(httplib::Response& res, std::shared_ptr<GenerationRun> run, BodyFn make_body) {
+void respond_when_done(http::Response& res, std::shared_ptr<GenerationRun> run, BodyFn make_body) {
   using namespace std::chrono;
   const auto deadline = steady_clock::now() + seconds(1);
   while (!run->done() && steady_clock::now() < deadline) run->pump(milliseconds(50), kIgnoreDelta, nullptr);
@@ -174,77 +174,55 @@ void respond_when_done(httplib::Response& res, std::shared_ptr<GenerationRun> ru
     return;
   }
   res.status = 200;
-  res.set_chunked_content_provider(
-      "application/json",
-      [run, make_body](size_t, httplib::DataSink& sink) {
-        const auto start = steady_clock::now();
-        while (!run->done() && steady_clock::now() - start < seconds(1))
-          run->pump(milliseconds(100), kIgnoreDelta, nullptr);
-        if (!run->done()) {
-          if (!sink.write(" ", 1)) {
-            run->cancel();
-            return false;
-          }
-          return true;
-        }
-        const std::string body = make_body().second;
-        if (!sink.write(body.data(), body.size())) return false;
-        sink.done();
-        return true;
-      },
-      [run](bool success) {
-        if (!success) run->cancel();
-      });
+  res.stream("application/json", [run, make_body](http::ChunkSink& sink) {
+    while (!run->done()) {
+      const auto start = steady_clock::now();
+      while (!run->done() && steady_clock::now() - start < seconds(1)) {
+        if (sink.gone()) return run->cancel();
+        run->pump(milliseconds(100), kIgnoreDelta, nullptr);
+      }
+      if (!run->done() && !sink.write(" ")) return run->cancel();
+    }
+    const std::string body = make_body().second;
+    sink.write(body);
+  });
 }
 
-void respond_streaming(httplib::Response& res, const char* content_type, std::shared_ptr<GenerationRun> run,
+void respond_streaming(http::Response& res, const char* content_type, std::shared_ptr<GenerationRun> run,
                        StreamWriter writer) {
   using namespace std::chrono;
-  struct State {
-    bool started = false;
-  };
-  auto state = std::make_shared<State>();
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      content_type,
-      [run, writer, state](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
-        if (!state->started) {
-          state->started = true;
-          if (writer.on_start && !write(writer.on_start())) {
-            run->cancel();
-            return false;
-          }
-        }
-        std::string pending;
-        const auto delta = [&](int i, const OutputDelta& d) {
-          pending += writer.on_delta(i, d);
-          return true;
-        };
-        const auto finish = [&](int i) {
-          pending += writer.on_finish(i);
-          return true;
-        };
-        const auto p = run->pump(milliseconds(1000), delta, finish);
-        if (!write(pending)) {
-          run->cancel();
-          return false;
-        }
-        if (p == GenerationRun::Pump::kIdle && !writer.heartbeat.empty() && !write(writer.heartbeat)) {
-          run->cancel();
-          return false;
-        }
-        if (run->done()) {
-          if (writer.on_end && !write(writer.on_end())) return false;
-          sink.done();
-        }
-        return true;
-      },
-      [run](bool success) {
-        if (!success) run->cancel();
-      });
+  res.stream(content_type, [run, writer](http::ChunkSink& sink) {
+    auto write = [&](const std::string& s) { return s.empty() || sink.write(s); };
+    if (writer.on_start && !write(writer.on_start())) return run->cancel();
+    std::string pending;
+    const auto delta = [&](int i, const OutputDelta& d) {
+      pending += writer.on_delta(i, d);
+      return true;
+    };
+    const auto finish = [&](int i) {
+      pending += writer.on_finish(i);
+      return true;
+    };
+    auto last = steady_clock::now();
+    while (!run->done()) {
+      if (sink.gone()) return run->cancel();
+      pending.clear();
+      // Short waits: a client that closes is noticed (sink.gone) within one.
+      run->pump(milliseconds(250), delta, finish);
+      const auto now = steady_clock::now();
+      if (!pending.empty()) {
+        if (!sink.write(pending)) return run->cancel();
+        last = now;
+      } else if (!writer.heartbeat.empty() && now - last >= seconds(1)) {
+        if (!sink.write(writer.heartbeat)) return run->cancel();
+        last = now;
+      }
+    }
+    if (writer.on_end) write(writer.on_end());
+  });
 }
 
 std::string token_string(const text::Tokenizer& tok, int32_t id) {

@@ -12,7 +12,7 @@
 
 #include "server/api_error.hpp"
 #include "server/generation_run.hpp"
-#include "server/httplib_config.hpp"
+#include "http/server.hpp"
 #include "server/metrics.hpp"
 #include "server/request_defaults.hpp"
 #include "server/request_params.hpp"
@@ -36,13 +36,13 @@ int64_t unix_now();
 // "2024-05-01T12:00:00.123456789Z"
 std::string iso_time(std::chrono::system_clock::time_point t);
 
-void send_json(httplib::Response& res, const Json& j, int status = 200);
-void send_error(httplib::Response& res, const ApiError& e, bool ollama);
+void send_json(http::Response& res, const Json& j, int status = 200);
+void send_error(http::Response& res, const ApiError& e, bool ollama);
 
 // Wraps a handler: a thrown ApiError becomes its response, anything else a 500; the model must be loaded
 // (else 503). Handlers run on the HTTP threads.
-using Handler = std::function<void(const httplib::Request&, httplib::Response&, ServedModel&)>;
-httplib::Server::Handler guarded(ServerContext& ctx, bool ollama, Handler h);
+using Handler = std::function<void(const http::Request&, http::Response&, ServedModel&)>;
+http::Handler guarded(ServerContext& ctx, bool ollama, Handler h);
 
 // Throws the ApiError of a failed parse.
 template <class T>
@@ -66,13 +66,14 @@ std::vector<engine::GenerationRequest> make_requests(const ServedModel& m,
                                                      const std::string& field);
 
 // Answers with make_body() once the run is done. Short runs get a plain response; past a second the answer
-// turns chunked and a space is written each second while waiting (JSON allows leading whitespace): those
-// writes are how a vanished client is noticed in httplib 0.11, and the run is then cancelled.
+// turns chunked and a space is written each second while waiting (JSON allows leading whitespace), which
+// keeps proxies and clients from timing out; a client that closes its connection cancels the run.
 using BodyFn = std::function<std::pair<int, std::string>()>;
-void respond_when_done(httplib::Response& res, std::shared_ptr<GenerationRun> run, BodyFn make_body);
+void respond_when_done(http::Response& res, std::shared_ptr<GenerationRun> run, BodyFn make_body);
 
 // Streams a run: on_start once, then deltas and finishes through the callbacks, then on_end. `heartbeat`
-// (may be empty) is written when nothing happened for a second (SSE comments), to notice a vanished client.
+// (may be empty) is written when nothing happened for a second (SSE comments), to keep the connection
+// alive through proxies. A client that closes its connection cancels the run.
 struct StreamWriter {
   std::function<std::string()> on_start;
   std::function<std::string(int, const OutputDelta&)> on_delta;
@@ -80,14 +81,14 @@ struct StreamWriter {
   std::function<std::string()> on_end;
   std::string heartbeat;
 };
-void respond_streaming(httplib::Response& res, const char* content_type, std::shared_ptr<GenerationRun> run,
+void respond_streaming(http::Response& res, const char* content_type, std::shared_ptr<GenerationRun> run,
                        StreamWriter writer);
 
 // Registers the routes of each API.
-void add_openai_routes(httplib::Server& svr, ServerContext& ctx);
-void add_ollama_routes(httplib::Server& svr, ServerContext& ctx);
+void add_openai_routes(http::Server& svr, ServerContext& ctx);
+void add_ollama_routes(http::Server& svr, ServerContext& ctx);
 // The chat page (web_routes.cpp); its paths need no API key.
-void add_web_routes(httplib::Server& svr);
+void add_web_routes(http::Server& svr);
 bool is_web_path(const std::string& path);
 
 // Logprob entry fields shared by the APIs.

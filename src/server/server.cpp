@@ -1,12 +1,13 @@
 #include "server/server.hpp"
 
 #include <pthread.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
 #include <csignal>
 #include <cstdio>
 #include <thread>
 
+#include "http/server.hpp"
 #include "server/auth.hpp"
 #include "server/cors.hpp"
 #include "server/routes.hpp"
@@ -14,13 +15,6 @@
 namespace deltaflow::server {
 
 namespace {
-
-// httplib's listen backlog is compiled into the Debian library as 5; a burst of clients would see SYN
-// retries (seconds). listen() again on the bound socket raises it.
-class Listener : public httplib::Server {
- public:
-  int fd() const { return static_cast<int>(svr_sock_.load()); }
-};
 
 const char* route_label(const std::string& path) {
   static const char* kRoutes[] = {
@@ -37,32 +31,41 @@ bool is_ollama_path(const std::string& path) {
   return path.rfind("/api/", 0) == 0;
 }
 
-// The graceful stop: no new connections (the listening socket closes) and 503 for requests still read on
-// open ones; the running requests finish, for at most `timeout_s`; then the engine aborts the rest, whose
-// clients get a clean final event (finish_reason "abort"), and their HTTP threads end.
-void drain(Listener& svr, ServerContext& ctx, ServedModel& model, const std::atomic<bool>& http_done,
-           double timeout_s) {
+// Each connection holds a descriptor; the usual soft limit (1024) would refuse clients long before
+// --max-connections. Raise it to the hard limit, as vLLM does.
+void raise_open_files_limit(size_t want) {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t need = static_cast<rlim_t>(want) + 256;
+  if (r.rlim_cur >= need) return;
+  r.rlim_cur = std::min(r.rlim_max, std::max(need, r.rlim_cur));
+  setrlimit(RLIMIT_NOFILE, &r);
+}
+
+// The graceful stop: no new connections (the listening socket closes, idle keep-alive connections close) and
+// 503 for requests still read on open ones; the running requests finish, for at most `timeout_s`; then the
+// engine aborts the rest, whose clients get a clean final event (finish_reason "abort").
+void drain(http::Server& svr, ServerContext& ctx, ServedModel& model, double timeout_s) {
   using namespace std::chrono;
   ctx.draining.store(true);
-  // Not httplib's stop(): that also ends every response being streamed. Shut the listening socket down
-  // instead: the accept loop ends (httplib closes the socket), then waits for the connections being served,
-  // whose streams go on; http_done once they are all over.
-  ::shutdown(svr.fd(), SHUT_RDWR);
+  svr.stop_accepting();
   const auto st = model.scheduler().stats();
   std::fprintf(
       stderr, "deltaflow serve: stopping: no new requests; %lld running, %lld waiting, up to %gs to finish\n",
       static_cast<long long>(st.running), static_cast<long long>(st.waiting), timeout_s);
   const auto deadline =
       steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(timeout_s));
-  while (!http_done.load() && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
-  if (http_done.load()) return;
+  while (svr.requests_in_flight() > 0 && steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  if (svr.requests_in_flight() == 0) return;
   const auto left = model.scheduler().stats();
   std::fprintf(stderr, "deltaflow serve: --shutdown-timeout reached: aborting %lld running, %lld waiting\n",
                static_cast<long long>(left.running), static_cast<long long>(left.waiting));
   model.scheduler().abort_all();
-  // The final events are out; let the HTTP threads write them (a client that does not read is cut later).
+  // The final events are out; let them be written (a client that does not read is cut later).
   const auto cap = steady_clock::now() + seconds(10);
-  while (!http_done.load() && steady_clock::now() < cap) std::this_thread::sleep_for(milliseconds(20));
+  while (svr.requests_in_flight() > 0 && steady_clock::now() < cap)
+    std::this_thread::sleep_for(milliseconds(20));
 }
 
 }  // namespace
@@ -74,9 +77,9 @@ core::Status serve(const ServeOptions& o) {
                        "--insecure-no-auth to serve without one"};
   if (o.port < 0 || o.port > 65535) return core::Error{"--port must be in [0, 65535]"};
 
-  // Signals: SIGPIPE would kill the process on a write to a closed socket (httplib sends without
-  // MSG_NOSIGNAL); SIGINT/SIGTERM are taken by one thread with sigwait, so every other thread (created
-  // below, inheriting this mask) is never interrupted.
+  // Signals: SIGPIPE would kill the process on a write to a closed socket (Asio sends with MSG_NOSIGNAL;
+  // ignored anyway, for any other write); SIGINT/SIGTERM are taken by one thread with sigwait, so every other
+  // thread (created below, inheriting this mask) is never interrupted.
   std::signal(SIGPIPE, SIG_IGN);
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -87,52 +90,41 @@ core::Status serve(const ServeOptions& o) {
   ServerContext ctx;
   ctx.options = o;
   ctx.started_unix = unix_now();
-  Listener svr;
-  const size_t threads = std::min<size_t>(1024, std::max<size_t>(16, o.engine.max_queue + 32));
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_payload_max_length(o.max_body_bytes);
-  svr.set_read_timeout(30, 0);
-  svr.set_write_timeout(30, 0);
-  svr.set_keep_alive_timeout(5);
-  svr.set_keep_alive_max_count(1000);
-  // Headers and body go out in separate writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms per
-  // response on a kept-alive connection, and delay each streamed token.
-  svr.set_tcp_nodelay(true);
-  // httplib's default socket options add SO_REUSEPORT, which lets a second server bind the same port and
-  // silently share its connections; keep only SO_REUSEADDR so a taken port is an error.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
+  http::ServerOptions ho;
+  ho.max_connections = o.max_connections;
+  ho.max_body_bytes = o.max_body_bytes;
+  ho.header_timeout_s = o.header_timeout_s;
+  ho.body_timeout_s = o.body_timeout_s;
+  ho.keep_alive_timeout_s = o.keep_alive_timeout_s;
+  raise_open_files_limit(o.max_connections * 2);
+  http::Server svr(ho);
 
-  svr.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+  svr.set_pre_routing([&ctx](const http::Request& req, http::Response& res) {
     if (ctx.draining.load()) {
       res.set_header("Connection", "close");
       res.set_header("Retry-After", "5");
       send_error(res, unavailable("the server is shutting down"), is_ollama_path(req.path));
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    const std::string origin = req.get_header_value("Origin");
-    switch (check_origin(ctx.options.allowed_origins, origin, req.get_header_value("Host"))) {
+    const std::string origin = req.header("Origin");
+    switch (check_origin(ctx.options.allowed_origins, origin, req.header("Host"))) {
       case OriginCheck::kRefused:
-        // Answered before the body is read: the connection cannot carry another request.
-        res.set_header("Connection", "close");
         send_error(res,
                    ApiError{403, "origin " + origin + " is not allowed (serve --allowed-origins)",
                             "invalid_request_error", "", "origin_not_allowed"},
                    is_ollama_path(req.path));
-        return httplib::Server::HandlerResponse::Handled;
+        return true;
       case OriginCheck::kAllowed:
         res.set_header("Access-Control-Allow-Origin", origin);
         res.set_header("Vary", "Origin");
         if (req.method == "OPTIONS") {
           res.status = 204;
           res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-          const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+          const std::string asked = req.header("Access-Control-Request-Headers");
           res.set_header("Access-Control-Allow-Headers",
                          asked.empty() ? "Authorization, Content-Type" : asked);
           res.set_header("Access-Control-Max-Age", "600");
-          return httplib::Server::HandlerResponse::Handled;
+          return true;
         }
         break;
       case OriginCheck::kSameOrigin:
@@ -141,44 +133,43 @@ core::Status serve(const ServeOptions& o) {
     }
     if (req.path == "/health" || (req.method == "GET" && is_web_path(req.path)) ||
         ctx.options.api_key.empty())
-      return httplib::Server::HandlerResponse::Unhandled;
-    if (bearer_matches(req.get_header_value("Authorization"), ctx.options.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("Connection", "close");  // the unread body would be taken for the next request
+      return false;
+    if (bearer_matches(req.header("Authorization"), ctx.options.api_key)) return false;
     send_error(res, unauthorized(), is_ollama_path(req.path));
-    return httplib::Server::HandlerResponse::Handled;
+    return true;
   });
-  svr.set_error_handler(
-      httplib::Server::HandlerWithResponse([&ctx](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  // Errors the HTTP layer answers itself (malformed requests, no route, too large, too slow, too many
+  // connections), in the format of the API the path belongs to.
+  svr.set_error_page(
+      [&ctx](const http::Request& req, int status, const std::string& message, http::Response& res) {
         const bool ollama = is_ollama_path(req.path);
-        if (res.status == 413)
-          send_error(res, too_large(ctx.options.max_body_bytes), ollama);
-        else if (res.status == 404)
-          send_error(res, not_found("no route " + req.method + " " + req.path), ollama);
-        else
-          send_error(res,
-                     ApiError{res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error",
-                              "", ""},
-                     ollama);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
-    send_error(res, internal_error("internal error"), is_ollama_path(req.path));
-  });
-  svr.set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
+        switch (status) {
+          case 413:
+            return send_error(res, too_large(ctx.options.max_body_bytes), ollama);
+          case 404:
+            return send_error(res, not_found(message), ollama);
+          case 503:
+            res.set_header("Retry-After", "1");
+            return send_error(res, unavailable(message), ollama);
+          case 500:
+            return send_error(res, internal_error(message), ollama);
+          default:
+            return send_error(res, ApiError{status, message, "invalid_request_error", "", ""}, ollama);
+        }
+      });
+  svr.set_logger([&ctx](const http::Request& req, const http::Response& res) {
     ctx.metrics.request(route_label(req.path), res.status);
     if (ctx.options.log_requests)
       std::fprintf(stderr, "deltaflow serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
   });
 
-  svr.Get("/health", [&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.route("GET", "/health", [&ctx](const http::Request&, http::Response& res) {
     if (ctx.model.load())
       send_json(res, {{"status", "ok"}});
     else
       send_json(res, {{"status", "loading"}}, 503);
   });
-  svr.Get("/metrics", [&ctx](const httplib::Request&, httplib::Response& res) {
+  svr.route("GET", "/metrics", [&ctx](const http::Request&, http::Response& res) {
     QueueState q;
     if (ServedModel* m = ctx.model.load()) {
       q.loaded = true;
@@ -202,25 +193,15 @@ core::Status serve(const ServeOptions& o) {
   add_ollama_routes(svr, ctx);
   add_web_routes(svr);
 
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    if (port < 0) return core::Error{"cannot bind " + o.host + " (any port)"};
-  } else if (!svr.bind_to_port(o.host, port)) {
-    return core::Error{"cannot bind " + o.host + ":" + std::to_string(port) +
-                       " (in use, or not an address here)"};
-  }
-  ::listen(svr.fd(), 1024);
+  auto bound = svr.bind(o.host, o.port);
+  if (!bound) return core::Error{bound.message()};
+  const int port = *bound;
   std::fprintf(stderr, "deltaflow serve: listening on http://%s:%d (loading the model)\n", o.host.c_str(),
                port);
 
   std::atomic<bool> stopping{false};
-  std::atomic<bool> http_done{false};
   std::atomic<bool> all_done{false};
-  std::thread http([&] {
-    svr.listen_after_bind();
-    http_done.store(true);
-  });
+  std::thread http([&] { svr.run(); });
   std::thread signals([&] {
     timespec tick{0, 100'000'000};
     while (!all_done.load()) {
@@ -235,11 +216,7 @@ core::Status serve(const ServeOptions& o) {
   });
   auto finish = [&](core::Status s) {
     stopping.store(true);
-    // stop() is a no-op until listen_after_bind has started running: repeat until the HTTP thread ends.
-    while (!http_done.load()) {
-      svr.stop();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    svr.stop();
     http.join();
     all_done.store(true);
     signals.join();
@@ -271,7 +248,7 @@ core::Status serve(const ServeOptions& o) {
         d.enable_thinking ? "on" : "off", max_tokens.c_str(), o.host.c_str(), port);
   }
   while (!stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  drain(svr, ctx, *model, http_done, o.shutdown_timeout_s);
+  drain(svr, ctx, *model, o.shutdown_timeout_s);
   // Engine first (what is left ends, so HTTP threads return), then HTTP, then the model.
   model->scheduler().stop();
   auto s = finish(core::Status());

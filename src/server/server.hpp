@@ -1,5 +1,6 @@
-// `deltaflow serve`: the OpenAI- and Ollama-compatible HTTP server (cpp-httplib). HTTP threads parse, render
-// the chat template, tokenize and detokenize; one engine thread runs the model (DESIGN.md §5).
+// `deltaflow serve`: the OpenAI- and Ollama-compatible HTTP server (src/http: event-driven connections,
+// handler threads). Handler threads parse, render the chat template, tokenize and detokenize; one engine
+// thread runs the model (DESIGN.md §5).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,13 @@ struct ServeOptions {
   int64_t default_max_tokens = 0;               // 0: from the model and the backend (request_defaults.hpp)
   bool enable_test_hooks = false;               // accept "deltaflow_forced_tokens" (tests only)
   size_t max_body_bytes = 8u << 20;             // larger bodies get 413
+  // Connections (http/server.hpp): more than max_connections get 503; a request's head must arrive within
+  // header_timeout_s and its body within body_timeout_s (else 408); idle connections close after
+  // keep_alive_timeout_s.
+  size_t max_connections = 1024;
+  double header_timeout_s = 10;
+  double body_timeout_s = 60;
+  double keep_alive_timeout_s = 5;
   bool log_requests = true;                     // one line per request on stderr
   std::vector<std::string> allowed_origins;     // CORS (cors.hpp); empty: no cross-origin browser access
   bool allow_special_in_content = false;        // special tokens in message contents are parsed, not text

@@ -25,7 +25,7 @@ const EmbeddedAsset* find_asset(const std::string& name) {
   return nullptr;
 }
 
-void send_asset(httplib::Response& res, const EmbeddedAsset& a) {
+void send_asset(http::Response& res, const EmbeddedAsset& a) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Content-Type-Options", "nosniff");
   res.set_header("Content-Security-Policy",
@@ -40,13 +40,13 @@ bool is_web_path(const std::string& path) {
   return path == "/" || path.rfind("/web/", 0) == 0;
 }
 
-void add_web_routes(httplib::Server& svr) {
-  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+void add_web_routes(http::Server& svr) {
+  svr.route("GET", "/", [](const http::Request&, http::Response& res) {
     if (const EmbeddedAsset* a = find_asset("index.html")) return send_asset(res, *a);
     send_error(res, not_found("this build has no chat page"), false);
   });
-  svr.Get(R"(/web/([A-Za-z0-9_.-]+))", [](const httplib::Request& req, httplib::Response& res) {
-    const std::string name = req.matches[1].str();
+  svr.route("GET", R"(/web/([A-Za-z0-9_.-]+))", [](const http::Request& req, http::Response& res) {
+    const std::string name = req.matches[1];
     if (const EmbeddedAsset* a = find_asset(name)) return send_asset(res, *a);
     send_error(res, not_found("no file /web/" + name), false);
   });
