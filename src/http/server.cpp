@@ -221,7 +221,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // What was parsed of a request that failed, for the error page (its path picks the API's error format).
   Request partial_request() const {
     Request r;
-    if (parser_ && parser_->is_header_done()) {
+    if (parser_) {  // the start line is stored as soon as it is parsed, before the headers are done
       const auto& msg = parser_->get();
       r.method = std::string(msg.method_string());
       r.target = std::string(msg.target());

@@ -117,6 +117,10 @@ std::string Metrics::render(const QueueState& q) const {
     header(out, name, "gauge", help);
     out += std::string(name) + " " + std::to_string(v) + "\n";
   };
+  gauge("deltaflow_http_connections", "Open HTTP connections (serve --max-connections caps them).",
+        q.http_connections);
+  gauge("deltaflow_http_requests_in_flight", "HTTP requests being handled or answered.",
+        q.http_requests_in_flight);
   gauge("deltaflow_kv_pages_used", "KV pages held by running sequences and the prefix cache.",
         q.kv_pages_used);
   gauge("deltaflow_kv_pages_total", "KV pages in the pool.", q.kv_pages_total);

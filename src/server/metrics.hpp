@@ -35,6 +35,8 @@ struct QueueState {
   int64_t kv_pages_used = 0, kv_pages_total = 0, state_slots_used = 0, state_slots_total = 0;
   int64_t prefix_checkpoints = 0, prefix_cache_bytes = 0, prefix_evictions = 0, preemptions = 0;
   std::vector<int64_t> drafted_at{}, accepted_at{};  // speculative decoding, by draft position
+  // The HTTP layer: open connections and requests being read, handled or written.
+  int64_t http_connections = 0, http_requests_in_flight = 0;
 };
 
 class Metrics {

@@ -264,8 +264,7 @@ void handle_chat(const http::Request& req, http::Response& res, ServedModel& m, 
   run_ollama(req, res, m, ctx, body, messages, *text, true, tools, std::move(specs), arrival);
 }
 
-void handle_generate(const http::Request& req, http::Response& res, ServedModel& m,
-                     ServerContext& ctx) {
+void handle_generate(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   check_model(body, m, true);
@@ -326,51 +325,52 @@ Json ps_entry(const ServedModel& m) {
 
 void add_ollama_routes(http::Server& svr, ServerContext& ctx) {
   svr.route("POST", "/api/chat",
-               guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_chat(q, r, m, ctx);
-               }));
+            guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_chat(q, r, m, ctx);
+            }));
   svr.route("POST", "/api/generate",
-               guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_generate(q, r, m, ctx);
-               }));
-  svr.route("GET", "/api/tags", guarded(ctx, true, [](const http::Request&, http::Response& r, ServedModel& m) {
-            send_json(r, {{"models", Json::array({{{"name", m.name()},
-                                                   {"model", m.name()},
-                                                   {"modified_at", modified_iso(m)},
-                                                   {"size", m.weight_bytes()},
-                                                   {"digest", m.digest()},
-                                                   {"details", details(m)}}})}});
-          }));
+            guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_generate(q, r, m, ctx);
+            }));
+  svr.route("GET", "/api/tags",
+            guarded(ctx, true, [](const http::Request&, http::Response& r, ServedModel& m) {
+              send_json(r, {{"models", Json::array({{{"name", m.name()},
+                                                     {"model", m.name()},
+                                                     {"modified_at", modified_iso(m)},
+                                                     {"size", m.weight_bytes()},
+                                                     {"digest", m.digest()},
+                                                     {"details", details(m)}}})}});
+            }));
   svr.route("POST", "/api/show",
-               guarded(ctx, true, [](const http::Request& q, http::Response& r, ServedModel& m) {
-                 const Json body = take(parse_body(q.body));
-                 Json b = body;
-                 if (!b.contains("model") && b.contains("name")) b["model"] = b["name"];  // older clients
-                 check_model(b, m, true);
-                 const auto& d = m.defaults();
-                 char params[256];
-                 std::snprintf(params, sizeof params, "temperature %g\ntop_k %d\ntop_p %g", d.temperature,
-                               d.top_k, d.top_p);
-                 const std::string fam = family(m);
-                 Json info = {{"general.architecture", fam},
-                              {"general.parameter_count", m.parameter_count()},
-                              {fam + ".context_length", m.max_model_len()},
-                              {fam + ".embedding_length", m.config().hidden_size},
-                              {fam + ".block_count", m.config().num_hidden_layers}};
-                 Json caps = Json::array({"completion"});
-                 if (m.has_chat_template()) caps.push_back("tools");
-                 if (m.think_end_id() >= 0) caps.push_back("thinking");
-                 send_json(r, {{"modelfile", "# served by deltaflow from " + m.dir() + "\n"},
-                               {"parameters", params},
-                               {"template", m.chat_template_source()},
-                               {"details", details(m)},
-                               {"model_info", std::move(info)},
-                               {"capabilities", std::move(caps)},
-                               {"modified_at", modified_iso(m)}});
-               }));
+            guarded(ctx, true, [](const http::Request& q, http::Response& r, ServedModel& m) {
+              const Json body = take(parse_body(q.body));
+              Json b = body;
+              if (!b.contains("model") && b.contains("name")) b["model"] = b["name"];  // older clients
+              check_model(b, m, true);
+              const auto& d = m.defaults();
+              char params[256];
+              std::snprintf(params, sizeof params, "temperature %g\ntop_k %d\ntop_p %g", d.temperature,
+                            d.top_k, d.top_p);
+              const std::string fam = family(m);
+              Json info = {{"general.architecture", fam},
+                           {"general.parameter_count", m.parameter_count()},
+                           {fam + ".context_length", m.max_model_len()},
+                           {fam + ".embedding_length", m.config().hidden_size},
+                           {fam + ".block_count", m.config().num_hidden_layers}};
+              Json caps = Json::array({"completion"});
+              if (m.has_chat_template()) caps.push_back("tools");
+              if (m.think_end_id() >= 0) caps.push_back("thinking");
+              send_json(r, {{"modelfile", "# served by deltaflow from " + m.dir() + "\n"},
+                            {"parameters", params},
+                            {"template", m.chat_template_source()},
+                            {"details", details(m)},
+                            {"model_info", std::move(info)},
+                            {"capabilities", std::move(caps)},
+                            {"modified_at", modified_iso(m)}});
+            }));
   svr.route("GET", "/api/ps", guarded(ctx, true, [](const http::Request&, http::Response& r, ServedModel& m) {
-            send_json(r, {{"models", Json::array({ps_entry(m)})}});
-          }));
+              send_json(r, {{"models", Json::array({ps_entry(m)})}});
+            }));
   svr.route("GET", "/api/version", [](const http::Request&, http::Response& r) {
     send_json(r, {{"version", kVersion}});
   });

@@ -583,8 +583,7 @@ OpenAICall prepare_completions(const Json& body, ServedModel& m, ServerContext& 
 
 namespace {
 
-void handle_completions(const http::Request& req, http::Response& res, ServedModel& m,
-                        ServerContext& ctx) {
+void handle_completions(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   std::vector<Json> echo;
@@ -666,8 +665,7 @@ Json model_card(const ServedModel& m, const ServerContext& ctx) {
       {"root", m.dir()}, {"parent", nullptr}, {"max_model_len", m.max_model_len()}};
 }
 
-void handle_tokenize(const http::Request& req, http::Response& res, ServedModel& m,
-                     ServerContext& ctx) {
+void handle_tokenize(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const Json body = take(parse_body(req.body));
   check_model(body, m);
   std::vector<int32_t> ids;
@@ -719,33 +717,33 @@ void handle_detokenize(const http::Request& req, http::Response& res, ServedMode
 
 void add_openai_routes(http::Server& svr, ServerContext& ctx) {
   svr.route("POST", "/v1/chat/completions",
-               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_chat(q, r, m, ctx);
-               }));
+            guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_chat(q, r, m, ctx);
+            }));
   svr.route("POST", "/v1/completions",
-               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_completions(q, r, m, ctx);
-               }));
+            guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_completions(q, r, m, ctx);
+            }));
   svr.route("GET", "/v1/models",
-          guarded(ctx, false, [&ctx](const http::Request&, http::Response& r, ServedModel& m) {
-            send_json(r, {{"object", "list"}, {"data", Json::array({model_card(m, ctx)})}});
-          }));
+            guarded(ctx, false, [&ctx](const http::Request&, http::Response& r, ServedModel& m) {
+              send_json(r, {{"object", "list"}, {"data", Json::array({model_card(m, ctx)})}});
+            }));
   svr.route("GET", R"(/v1/models/(.+))",
-          guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-            const std::string name = q.matches[1];
-            if (!m.matches(name))
-              throw ApiError{404, "The model '" + name + "' does not exist", "invalid_request_error", "model",
-                             "model_not_found"};
-            send_json(r, model_card(m, ctx));
-          }));
+            guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              const std::string name = q.matches[1];
+              if (!m.matches(name))
+                throw ApiError{404, "The model '" + name + "' does not exist", "invalid_request_error",
+                               "model", "model_not_found"};
+              send_json(r, model_card(m, ctx));
+            }));
   svr.route("POST", "/tokenize",
-               guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_tokenize(q, r, m, ctx);
-               }));
+            guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_tokenize(q, r, m, ctx);
+            }));
   svr.route("POST", "/detokenize",
-               guarded(ctx, false, [](const http::Request& q, http::Response& r, ServedModel& m) {
-                 handle_detokenize(q, r, m);
-               }));
+            guarded(ctx, false, [](const http::Request& q, http::Response& r, ServedModel& m) {
+              handle_detokenize(q, r, m);
+            }));
 }
 
 }  // namespace deltaflow::server

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "http/server.hpp"
 #include "server/api_error.hpp"
 #include "server/generation_run.hpp"
-#include "http/server.hpp"
 #include "server/metrics.hpp"
 #include "server/request_defaults.hpp"
 #include "server/request_params.hpp"

@@ -169,8 +169,10 @@ core::Status serve(const ServeOptions& o) {
     else
       send_json(res, {{"status", "loading"}}, 503);
   });
-  svr.route("GET", "/metrics", [&ctx](const http::Request&, http::Response& res) {
+  svr.route("GET", "/metrics", [&ctx, &svr](const http::Request&, http::Response& res) {
     QueueState q;
+    q.http_connections = static_cast<int64_t>(svr.open_connections());
+    q.http_requests_in_flight = static_cast<int64_t>(svr.requests_in_flight());
     if (ServedModel* m = ctx.model.load()) {
       q.loaded = true;
       const engine::SchedulerStats st = m->scheduler().stats();

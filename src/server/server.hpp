@@ -37,9 +37,9 @@ struct ServeOptions {
   double header_timeout_s = 10;
   double body_timeout_s = 60;
   double keep_alive_timeout_s = 5;
-  bool log_requests = true;                     // one line per request on stderr
-  std::vector<std::string> allowed_origins;     // CORS (cors.hpp); empty: no cross-origin browser access
-  bool allow_special_in_content = false;        // special tokens in message contents are parsed, not text
+  bool log_requests = true;                  // one line per request on stderr
+  std::vector<std::string> allowed_origins;  // CORS (cors.hpp); empty: no cross-origin browser access
+  bool allow_special_in_content = false;     // special tokens in message contents are parsed, not text
   // On SIGINT/SIGTERM: stop accepting, let running requests finish for this long, then abort the rest
   // (their streams end with finish_reason "abort" and [DONE]) and exit 0.
   double shutdown_timeout_s = 30;
