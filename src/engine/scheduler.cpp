@@ -190,6 +190,7 @@ void Scheduler::publish_stats() {
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.kv_pages_used = pages_.used();
   s.kv_pages_total = pages_.total();
+  s.kv_pages_cache_only = pages_.cache_only();
   s.state_slots_used = slots_.used();
   s.state_slots_total = slots_.total();
   if (cache_) {

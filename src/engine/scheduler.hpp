@@ -64,6 +64,7 @@ inline constexpr int32_t kMaxSpeculativeTokens = 8;
 struct SchedulerStats {
   int64_t running = 0, waiting = 0;
   int64_t kv_pages_used = 0, kv_pages_total = 0;
+  int64_t kv_pages_cache_only = 0;  // of kv_pages_used, held by the prefix cache alone
   int64_t state_slots_used = 0, state_slots_total = 0;
   int64_t prefix_checkpoints = 0, prefix_cache_bytes = 0;
   int64_t prefix_hit_tokens = 0;  // prompt tokens served from the cache, since start

@@ -124,6 +124,8 @@ std::string Metrics::render(const QueueState& q) const {
   gauge("deltaflow_kv_pages_used", "KV pages held by running sequences and the prefix cache.",
         q.kv_pages_used);
   gauge("deltaflow_kv_pages_total", "KV pages in the pool.", q.kv_pages_total);
+  gauge("deltaflow_kv_pages_cache_only", "Of the KV pages used, those only the prefix cache holds.",
+        q.kv_pages_cache_only);
   gauge("deltaflow_state_slots_used", "Recurrent-state slots held by running sequences and the prefix cache.",
         q.state_slots_used);
   gauge("deltaflow_state_slots_total", "Recurrent-state slots in the pool.", q.state_slots_total);

@@ -183,6 +183,7 @@ core::Status serve(const ServeOptions& o) {
       q.state_slots_used = st.state_slots_used;
       q.state_slots_total = st.state_slots_total;
       q.prefix_checkpoints = st.prefix_checkpoints;
+      q.kv_pages_cache_only = st.kv_pages_cache_only;
       q.prefix_cache_bytes = st.prefix_cache_bytes;
       q.prefix_evictions = st.prefix_evictions;
       q.preemptions = st.preemptions;
