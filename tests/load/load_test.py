@@ -53,8 +53,10 @@ def rss_kib(pid):
 class Server:
     def __init__(self, args):
         cmd = [args.bin, "serve", "--device", "cpu", "--port", "0", "--quiet", "--served-model-name", "m",
-               "--max-queue", str(args.clients * 2), "--max-connections", str(args.clients + args.slow_clients + 200),
-               "--max-num-seqs", str(args.max_num_seqs), "--prefix-cache-gb", str(args.prefix_cache_gb)]
+               "--max-queue", str(args.clients * 2), "--max-num-seqs", str(args.max_num_seqs),
+               "--prefix-cache-gb", str(args.prefix_cache_gb)]
+        if not args.slow_only:  # a binary from before --max-connections may be measured with --slow-only
+            cmd += ["--max-connections", str(args.clients + args.slow_clients + 200)]
         if args.model:
             cmd += ["--model", args.model]
         env = dict(os.environ, DELTAFLOW_THREADS=os.environ.get("DELTAFLOW_THREADS", "2"))
@@ -267,6 +269,8 @@ def main():
     # Small enough that the warm-up fills it: past that, the cache's memory stays level (it evicts), and RSS
     # growth would be a leak rather than the cache filling its budget.
     ap.add_argument("--prefix-cache-gb", type=float, default=0.05)
+    ap.add_argument("--slow-only", action="store_true",
+                    help="only the slow-clients phase (e.g. to compare another build of the server)")
     args = ap.parse_args()
 
     server = Server(args)
@@ -281,6 +285,8 @@ def main():
             slow["loaded_ms"]["p99"]), flush=True)
         if slow["loaded_ms"]["p99"] >= 2 * slow["unloaded_ms"]["p99"]:
             failures.append("TTFT p99 with slow clients is not under 2x its unloaded value")
+        if args.slow_only:
+            return finish(server, summary, failures)
 
         rss = []
         warm = asyncio.run(load_phase(server, args, args.warmup, rss))
@@ -322,15 +328,21 @@ def main():
         if again != ref:
             failures.append("the reference request answers differently after the load")
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            rc = "hung on SIGTERM"
-        summary["exit"] = rc
-        if rc != 0:
-            failures.append("serve exited %r on SIGTERM" % rc)
+        if server.proc.poll() is None:
+            finish(server, summary, failures)
+    return 1 if failures else 0
+
+
+def finish(server, summary, failures):
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = server.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        rc = "hung on SIGTERM"
+    summary["exit"] = rc
+    if rc != 0:
+        failures.append("serve exited %r on SIGTERM" % rc)
     summary["failures"] = failures
     print(json.dumps(summary))
     return 1 if failures else 0
