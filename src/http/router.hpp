@@ -1,9 +1,9 @@
-// Which handler answers a request: routes by method and path, a path either exact or, when it holds a group
-// "(...)", a regular expression over the whole path whose groups land in Request::matches.
+// Which handler answers a request: routes by method and path, a path either exact or a prefix ending in '*'
+// ("/v1/models/*"), whose non-empty rest lands in Request::matches[1]. No regular expressions: libstdc++'s
+// std::regex recurses once per character, and a 30 KB path overflowed a handler thread's stack.
 #pragma once
 
 #include <functional>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -22,14 +22,14 @@ class Router {
     Outcome outcome = Outcome::kNoPath;
     const Handler* handler = nullptr;
   };
-  // HEAD is answered by a GET route. Fills req.matches when found.
+  // HEAD is answered by a GET route. Fills req.matches when found: [0] the path, [1] a prefix route's rest.
   Found find(Request& req) const;
 
  private:
   struct Route {
     std::string method;
-    std::string exact;  // empty when `pattern` is used
-    std::regex pattern;
+    std::string path;  // exact, or the prefix when `prefix`
+    bool prefix = false;
     Handler handler;
   };
   std::vector<Route> routes_;

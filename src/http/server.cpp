@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "http/request_parse.hpp"
 #include "http/worker_pool.hpp"
 
 namespace deltaflow::http {
@@ -240,19 +241,12 @@ class Session : public std::enable_shared_from_this<Session> {
       if (buf_.size() == 0 && !(parser_ && parser_->got_some())) return close();
       return answer_error(partial_request(), 408, "the request was not received in time");
     }
-    if (ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
-        ec == asio::error::broken_pipe)
+    if (ec == asio::error::eof || ec == asio::error::connection_reset ||
+        ec == asio::error::operation_aborted || ec == asio::error::broken_pipe)
       return close();  // the client went away (or the server is stopping)
-    if (ec == bhttp::error::body_limit)
-      return answer_error(partial_request(), 413,
-                          "the request body is larger than the limit of " +
-                              std::to_string(srv_.opt.max_body_bytes) + " bytes");
-    if (ec == bhttp::error::header_limit)
-      return answer_error(
-          partial_request(), 431,
-          "the request head is larger than " + std::to_string(srv_.opt.max_header_bytes) + " bytes");
-    answer_error(partial_request(), 400, "malformed HTTP request: " + ec.message());
+    const ParseFailure f = parse_failure(ec, {srv_.opt.max_header_bytes, srv_.opt.max_body_bytes});
+    if (f.status == 0) return close();
+    answer_error(partial_request(), f.status, f.message);
   }
 
   // Answers an error the server found itself, then closes the connection (what follows on it cannot be
@@ -270,19 +264,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void dispatch() {
     set_deadline(0);
     auto& msg = parser_->get();
-    Request req;
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    const size_t q = req.target.find('?');
-    req.path = percent_decode(req.target.substr(0, q));
-    if (q != std::string::npos) req.query = req.target.substr(q + 1);
-    req.version = static_cast<int>(msg.version());
-    for (const auto& f : msg) req.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    req.body = std::move(msg.body());
+    const bool keep_alive = msg.keep_alive();
+    Request req = request_from(msg);
     error_code ec;
     const auto ep = sock_.remote_endpoint(ec);
     if (!ec) req.remote = ep.address().to_string() + ":" + std::to_string(ep.port());
-    keep_alive_ = msg.keep_alive() && !srv_.draining.load();
+    keep_alive_ = keep_alive && !srv_.draining.load();
     first_ = false;
     parser_.reset();
     begin_request();

@@ -728,7 +728,7 @@ void add_openai_routes(http::Server& svr, ServerContext& ctx) {
             guarded(ctx, false, [&ctx](const http::Request&, http::Response& r, ServedModel& m) {
               send_json(r, {{"object", "list"}, {"data", Json::array({model_card(m, ctx)})}});
             }));
-  svr.route("GET", R"(/v1/models/(.+))",
+  svr.route("GET", "/v1/models/*",
             guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
               const std::string name = q.matches[1];
               if (!m.matches(name))

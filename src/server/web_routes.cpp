@@ -45,7 +45,7 @@ void add_web_routes(http::Server& svr) {
     if (const EmbeddedAsset* a = find_asset("index.html")) return send_asset(res, *a);
     send_error(res, not_found("this build has no chat page"), false);
   });
-  svr.route("GET", R"(/web/([A-Za-z0-9_.-]+))", [](const http::Request& req, http::Response& res) {
+  svr.route("GET", "/web/*", [](const http::Request& req, http::Response& res) {
     const std::string name = req.matches[1];
     if (const EmbeddedAsset* a = find_asset(name)) return send_asset(res, *a);
     send_error(res, not_found("no file /web/" + name), false);

@@ -94,7 +94,7 @@ class HttpServerTest : public ::testing::Test {
     server_ = std::make_unique<Server>(o);
     server_->route("GET", "/hello",
                    [](const Request&, Response& r) { r.set_content("hello", "text/plain"); });
-    server_->route("GET", "/echo/(.+)",
+    server_->route("GET", "/echo/*",
                    [](const Request& q, Response& r) { r.set_content(q.matches[1], "text/plain"); });
     server_->route("POST", "/body", [](const Request& q, Response& r) {
       r.set_content(std::to_string(q.body.size()), "text/plain");
@@ -165,6 +165,16 @@ TEST_F(HttpServerTest, PercentDecodedPathReachesTheRoute) {
   c.send(get("/echo/Qwen%2FQwen3.5-27B?x=1"));
   EXPECT_NE(c.read_until(has_responses(1, "Qwen/Qwen3.5-27B")).find("\r\n\r\nQwen/Qwen3.5-27B"),
             std::string::npos);
+}
+
+TEST_F(HttpServerTest, AVeryLongPathIsRoutedWithoutRecursion) {
+  start({});
+  Client c(port_);
+  const std::string name(60000, 'a');
+  c.send(get("/echo/" + name) + get("/" + name));
+  const std::string got = c.read_until(has_responses(2, name));
+  EXPECT_NE(got.find("\r\n\r\n" + name), std::string::npos);
+  EXPECT_NE(got.find("HTTP/1.1 404"), std::string::npos);
 }
 
 TEST_F(HttpServerTest, SlowHeadsGet408AndDoNotDelayOthers) {
