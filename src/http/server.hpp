@@ -23,7 +23,7 @@ struct ServerOptions {
   size_t max_header_bytes = 64u << 10;    // larger request heads get 431
   double header_timeout_s = 10;           // a request's head must arrive within this (else 408 and close)
   double body_timeout_s = 60;             // its body within this after the head
-  double keep_alive_timeout_s = 5;        // an idle connection closes after this
+  double keep_alive_timeout_s = 30;       // an idle connection closes after this
   double write_timeout_s = 30;            // a client that takes no bytes for this long is cut off
   size_t stream_buffer_bytes = 1u << 20;  // bytes a response may queue unsent before its handler waits
 };

@@ -36,7 +36,7 @@ struct ServeOptions {
   size_t max_connections = 1024;
   double header_timeout_s = 10;
   double body_timeout_s = 60;
-  double keep_alive_timeout_s = 5;
+  double keep_alive_timeout_s = 30;
   bool log_requests = true;                  // one line per request on stderr
   std::vector<std::string> allowed_origins;  // CORS (cors.hpp); empty: no cross-origin browser access
   bool allow_special_in_content = false;     // special tokens in message contents are parsed, not text
