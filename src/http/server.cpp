@@ -74,6 +74,8 @@ struct Server::Impl {
   WorkerPool pool;
 
   void accept();
+  // I/O thread: no new connections; then every connection closes, or only those idle between requests.
+  void close_listener(bool every_connection);
   std::vector<std::shared_ptr<Session>> live_sessions();
   void fill_error(const Request& req, int status, const std::string& message, Response& res) const {
     res = Response{};
@@ -536,6 +538,18 @@ void Server::Impl::accept() {
   });
 }
 
+void Server::Impl::close_listener(bool every_connection) {
+  error_code ignored;
+  acceptor.close(ignored);
+  accept_retry.cancel();
+  for (auto& s : live_sessions()) {
+    if (every_connection)
+      s->close();
+    else
+      s->close_if_idle();
+  }
+}
+
 std::vector<std::shared_ptr<Session>> Server::Impl::live_sessions() {
   std::vector<std::shared_ptr<Session>> out;
   std::lock_guard<std::mutex> lock(sessions_mu);
@@ -597,23 +611,13 @@ void Server::run() {
 
 void Server::stop_accepting() {
   impl_->draining.store(true);
-  asio::post(impl_->io, [impl = impl_.get()] {
-    error_code ignored;
-    impl->acceptor.close(ignored);
-    impl->accept_retry.cancel();
-    for (auto& s : impl->live_sessions()) s->close_if_idle();
-  });
+  asio::post(impl_->io, [impl = impl_.get()] { impl->close_listener(/*every_connection=*/false); });
 }
 
 void Server::stop() {
   if (impl_->stopped.exchange(true)) return;
   impl_->draining.store(true);
-  asio::post(impl_->io, [impl = impl_.get()] {
-    error_code ignored;
-    impl->acceptor.close(ignored);
-    impl->accept_retry.cancel();
-    for (auto& s : impl->live_sessions()) s->close();
-  });
+  asio::post(impl_->io, [impl = impl_.get()] { impl->close_listener(/*every_connection=*/true); });
   // Handlers see their sinks fail (or were ended by their owner) and return; then the I/O thread stops.
   impl_->pool.join();
   impl_->work.reset();
