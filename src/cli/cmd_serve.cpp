@@ -84,11 +84,11 @@ int cmd_serve(const Argv& argv) {
   if (args->has("--max-request-bytes") && args->has("--max-body-bytes"))
     return fail(cmd, "give --max-request-bytes or --max-body-bytes (its older name), not both");
   const char* body_flag = args->has("--max-body-bytes") ? "--max-body-bytes" : "--max-request-bytes";
-  auto body = args->get_int(body_flag, 8 << 20);
+  auto body = args->get_int(body_flag, static_cast<int64_t>(o.http.max_body_bytes));
   if (!body) return fail(cmd, body.message());
   if (*body < 1024 || *body > (int64_t{1} << 32))
     return fail(cmd, std::string("flag ") + body_flag + " must be in [1024, 4294967296]");
-  o.max_body_bytes = static_cast<size_t>(*body);
+  o.http.max_body_bytes = static_cast<size_t>(*body);
   if (auto t = args->get("--default-enable-thinking")) {
     auto b = parse_bool("--default-enable-thinking", *t);
     if (!b) return fail(cmd, b.message());
@@ -119,17 +119,17 @@ int cmd_serve(const Argv& argv) {
     if (!list) return fail(cmd, "flag --allowed-origins: " + list.message());
     o.allowed_origins = std::move(*list);
   }
-  auto conns = args->get_int("--max-connections", 1024);
+  auto conns = args->get_int("--max-connections", static_cast<int64_t>(o.http.max_connections));
   if (!conns) return fail(cmd, conns.message());
   if (*conns < 1 || *conns > 65536) return fail(cmd, "flag --max-connections must be in [1, 65536]");
-  o.max_connections = static_cast<size_t>(*conns);
+  o.http.max_connections = static_cast<size_t>(*conns);
   struct Timeout {
     const char* flag;
     double* value;
   };
-  for (const Timeout& t :
-       {Timeout{"--header-timeout", &o.header_timeout_s}, Timeout{"--body-timeout", &o.body_timeout_s},
-        Timeout{"--keep-alive-timeout", &o.keep_alive_timeout_s}}) {
+  for (const Timeout& t : {Timeout{"--header-timeout", &o.http.header_timeout_s},
+                           Timeout{"--body-timeout", &o.http.body_timeout_s},
+                           Timeout{"--keep-alive-timeout", &o.http.keep_alive_timeout_s}}) {
     auto v = args->get_double(t.flag, *t.value);
     if (!v) return fail(cmd, v.message());
     if (!(*v >= 0.1 && *v <= 3600))

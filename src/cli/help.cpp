@@ -204,7 +204,9 @@ const std::map<std::string, Help>& table() {
               "a request's head must arrive within S seconds, else 408 and the connection closes (default "
               "10)"},
              {"--body-timeout S", "its body within S seconds after the head, else 408 (default 60)"},
-             {"--keep-alive-timeout S", "an idle connection closes after S seconds (default 30: longer than clients keep idle connections, e.g. httpx 5 s, so a client never reuses one the server is closing)"},
+             {"--keep-alive-timeout S",
+              "an idle connection closes after S seconds (default 30: longer than clients keep idle "
+              "connections, e.g. httpx 5 s, so a client never reuses one the server is closing)"},
              {"--shutdown-timeout S",
               "on SIGTERM/SIGINT, seconds running requests may take to finish before they are aborted "
               "(finish_reason \"abort\"; default 30)"},

@@ -2,11 +2,15 @@
 
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/error.hpp>
-#include <boost/beast/http/parser.hpp>
 
 namespace deltaflow::http {
 
 namespace bhttp = boost::beast::http;
+
+void apply_limits(RequestParser& parser, const ParseLimits& limits) {
+  parser.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
+  parser.body_limit(static_cast<uint64_t>(limits.max_body_bytes));
+}
 
 Request request_from(bhttp::request<bhttp::string_body>& msg) {
   Request req;
@@ -34,9 +38,8 @@ ParseFailure parse_failure(const boost::system::error_code& ec, const ParseLimit
 ParsedBytes parse_requests(std::string_view bytes, const ParseLimits& limits) {
   ParsedBytes out;
   while (!bytes.empty()) {
-    bhttp::request_parser<bhttp::string_body> parser;
-    parser.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
-    parser.body_limit(static_cast<uint64_t>(limits.max_body_bytes));
+    RequestParser parser;
+    apply_limits(parser, limits);
     parser.eager(true);
     boost::system::error_code ec;
     size_t used = 0;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/system/error_code.hpp>
 #include <cstddef>
@@ -22,6 +23,11 @@ struct ParseLimits {
   size_t max_header_bytes = 64u << 10;
   size_t max_body_bytes = 8u << 20;
 };
+
+using RequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+
+// Sets the limits on a parser (Beast's defaults are 8 KiB of head and 1 MiB of body).
+void apply_limits(RequestParser& parser, const ParseLimits& limits);
 
 // The Request a parsed message is (its body moved out).
 Request request_from(boost::beast::http::request<boost::beast::http::string_body>& msg);

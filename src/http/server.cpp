@@ -50,9 +50,10 @@ std::chrono::steady_clock::duration seconds_of(double s) {
 }  // namespace
 
 struct Server::Impl {
-  explicit Impl(ServerOptions o) : opt(std::move(o)) {}
+  explicit Impl(ServerOptions o) : opt(std::move(o)), limits{opt.max_header_bytes, opt.max_body_bytes} {}
 
   ServerOptions opt;
+  ParseLimits limits;  // opt's, as the parser takes them
   Router router;
   std::function<bool(const Request&, Response&)> pre_routing;
   ErrorPage error_page;
@@ -175,8 +176,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     if (srv_.draining.load() && !first_) return close();
     parser_.emplace();
-    parser_->header_limit(static_cast<uint32_t>(srv_.opt.max_header_bytes));
-    parser_->body_limit(static_cast<uint64_t>(srv_.opt.max_body_bytes));
+    apply_limits(*parser_, srv_.limits);
     if (buf_.size() > 0 || first_) return read_head();
     // Between requests: wait for the next one's first bytes, for the keep-alive time.
     idle_ = true;
@@ -222,16 +222,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // What was parsed of a request that failed, for the error page (its path picks the API's error format).
-  Request partial_request() const {
-    Request r;
-    if (parser_) {  // the start line is stored as soon as it is parsed, before the headers are done
-      const auto& msg = parser_->get();
-      r.method = std::string(msg.method_string());
-      r.target = std::string(msg.target());
-      r.path = percent_decode(r.target.substr(0, r.target.find('?')));
-    }
-    return r;
-  }
+  // The start line is stored as soon as it is parsed, before the headers are done.
+  Request partial_request() { return parser_ ? request_from(parser_->get()) : Request{}; }
 
   void read_failed(error_code ec) {
     const bool timed_out = timed_out_;
@@ -246,7 +238,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == asio::error::eof || ec == asio::error::connection_reset ||
         ec == asio::error::operation_aborted || ec == asio::error::broken_pipe)
       return close();  // the client went away (or the server is stopping)
-    const ParseFailure f = parse_failure(ec, {srv_.opt.max_header_bytes, srv_.opt.max_body_bytes});
+    const ParseFailure f = parse_failure(ec, srv_.limits);
     if (f.status == 0) return close();
     answer_error(partial_request(), f.status, f.message);
   }
@@ -359,27 +351,23 @@ class Session : public std::enable_shared_from_this<Session> {
     } else {
       const bool chunked = req.version >= 11;  // HTTP/1.0: the body ends when the connection closes
       if (!chunked) keep = false;
-      if (head_only) {
-        enqueue(serialize_head(res, req.version, keep, 0, chunked), true, keep);
-        return finish_log(req, res);
-      }
-      if (enqueue(serialize_head(res, req.version, keep, 0, chunked), false, keep)) {
-        Sink sink(*this, chunked);
-        try {
-          res.producer(sink);
-        } catch (...) {
-          keep = false;  // the status is out already: cut the body short, the client sees it incomplete
-          enqueue("", true, false);
-          finish_log(req, res);
-          return;
+      const bool head_out = enqueue(serialize_head(res, req.version, keep, 0, chunked), head_only, keep);
+      if (!head_only) {
+        bool complete = true;
+        if (head_out) {
+          Sink sink(*this, chunked);
+          try {
+            res.producer(sink);
+          } catch (...) {
+            complete = false;  // the status is out already: cut the body short, the client sees it incomplete
+          }
         }
+        if (complete)
+          enqueue(chunked ? "0\r\n\r\n" : "", true, keep);
+        else
+          enqueue("", true, false);
       }
-      enqueue(chunked ? "0\r\n\r\n" : "", true, keep);
     }
-    finish_log(req, res);
-  }
-
-  void finish_log(const Request& req, Response& res) {
     if (srv_.logger) srv_.logger(req, res);
     res.producer = nullptr;  // what the producer holds (a generation) is released on this thread
   }
@@ -485,7 +473,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t deadline_gen_ = 0;
   bool timed_out_ = false;
   beast::flat_buffer buf_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<RequestParser> parser_;
   char discard_[4096];
   bool first_ = true;
   bool idle_ = false;

@@ -32,7 +32,8 @@ struct QueueState {
   size_t running = 0;
   bool loaded = false;
   // The engine's memory (engine::SchedulerStats).
-  int64_t kv_pages_used = 0, kv_pages_total = 0, kv_pages_cache_only = 0, state_slots_used = 0, state_slots_total = 0;
+  int64_t kv_pages_used = 0, kv_pages_total = 0, kv_pages_cache_only = 0, state_slots_used = 0,
+          state_slots_total = 0;
   int64_t prefix_checkpoints = 0, prefix_cache_bytes = 0, prefix_evictions = 0, preemptions = 0;
   std::vector<int64_t> drafted_at{}, accepted_at{};  // speculative decoding, by draft position
   // The HTTP layer: open connections and requests being read, handled or written.

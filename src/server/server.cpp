@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <thread>
 
-#include "http/server.hpp"
 #include "server/auth.hpp"
 #include "server/cors.hpp"
 #include "server/routes.hpp"
@@ -90,14 +89,8 @@ core::Status serve(const ServeOptions& o) {
   ServerContext ctx;
   ctx.options = o;
   ctx.started_unix = unix_now();
-  http::ServerOptions ho;
-  ho.max_connections = o.max_connections;
-  ho.max_body_bytes = o.max_body_bytes;
-  ho.header_timeout_s = o.header_timeout_s;
-  ho.body_timeout_s = o.body_timeout_s;
-  ho.keep_alive_timeout_s = o.keep_alive_timeout_s;
-  raise_open_files_limit(o.max_connections * 2);
-  http::Server svr(ho);
+  raise_open_files_limit(o.http.max_connections * 2);
+  http::Server svr(o.http);
 
   svr.set_pre_routing([&ctx](const http::Request& req, http::Response& res) {
     if (ctx.draining.load()) {
@@ -145,7 +138,7 @@ core::Status serve(const ServeOptions& o) {
         const bool ollama = is_ollama_path(req.path);
         switch (status) {
           case 413:
-            return send_error(res, too_large(ctx.options.max_body_bytes), ollama);
+            return send_error(res, too_large(ctx.options.http.max_body_bytes), ollama);
           case 404:
             return send_error(res, not_found(message), ollama);
           case 503:

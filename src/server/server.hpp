@@ -11,6 +11,7 @@
 
 #include "core/status.hpp"
 #include "engine/generate.hpp"
+#include "http/server.hpp"
 #include "server/image_options.hpp"
 
 namespace deltaflow::server {
@@ -29,14 +30,9 @@ struct ServeOptions {
   std::optional<bool> default_enable_thinking;  // none: from the model directory (request_defaults.hpp)
   int64_t default_max_tokens = 0;               // 0: from the model and the backend (request_defaults.hpp)
   bool enable_test_hooks = false;               // accept "deltaflow_forced_tokens" (tests only)
-  size_t max_body_bytes = 8u << 20;             // larger bodies get 413
-  // Connections (http/server.hpp): more than max_connections get 503; a request's head must arrive within
-  // header_timeout_s and its body within body_timeout_s (else 408); idle connections close after
-  // keep_alive_timeout_s.
-  size_t max_connections = 1024;
-  double header_timeout_s = 10;
-  double body_timeout_s = 60;
-  double keep_alive_timeout_s = 30;
+  // Connections and requests (http/server.hpp): --max-request-bytes (413), --max-connections (503),
+  // --header-timeout / --body-timeout (408), --keep-alive-timeout.
+  http::ServerOptions http;
   bool log_requests = true;                  // one line per request on stderr
   std::vector<std::string> allowed_origins;  // CORS (cors.hpp); empty: no cross-origin browser access
   bool allow_special_in_content = false;     // special tokens in message contents are parsed, not text
