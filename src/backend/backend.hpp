@@ -73,7 +73,7 @@ struct Pools {
   int32_t state_slots = 0;
   int64_t max_step_rows = 0;
   int32_t max_step_seqs = 0;
-  int64_t max_context = 0;  // positions one sequence may hold
+  int64_t max_context = 0;  // positions one sequence may hold (before allocate: the backend's cap, 0 if none)
   // Whether KV lives in the engine's pages (shared by reference between sequences, copied by copy_pages) and
   // states can be copied between slots. False for a backend that keeps each sequence's KV with its state slot
   // (no prefix cache there).

@@ -171,18 +171,23 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
                 n_full = c.count_layers(LayerType::kFullAttention);
   const int64_t max_ctx =
       opt.max_context > 0 ? opt.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
-  const int slots = opt.max_sequences + 1;
+  const bool paged = opt.kv_pages > 0;
+  const int slots = (paged ? opt.state_slots : opt.max_sequences) + 1;
   p.slots = slots;
+  p.kv_pages = paged ? opt.kv_pages + 1 : 0;
   p.max_context = max_ctx;
   p.kv_f32 = opt.exact;
   const size_t kv_es = opt.exact ? 4 : 2;
   const int64_t conv_slot = n_lin * c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
   const int64_t gdn_slot = n_lin * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
-  const int64_t kv_slot = n_full * c.num_key_value_heads * max_ctx * c.head_dim;
+  // The KV cache's unit: a page of kCudaPageSize positions, or a slot's max_ctx positions.
+  const int64_t kv_unit = n_full * c.num_key_value_heads * (paged ? kCudaPageSize : max_ctx) * c.head_dim;
+  const int64_t kv_units = paged ? p.kv_pages : slots;
   p.states = align_up(static_cast<size_t>(slots * conv_slot) * 4, kAlign) +
              align_up(static_cast<size_t>(slots * gdn_slot) * 4, kAlign);
-  p.kv = 2 * align_up(static_cast<size_t>(slots * kv_slot) * kv_es, kAlign);
+  p.kv = 2 * align_up(static_cast<size_t>(kv_units * kv_unit) * kv_es, kAlign);
   p.kv_bytes_per_token = 2 * static_cast<size_t>(n_full * c.num_key_value_heads * c.head_dim) * kv_es;
+  p.kv_page_bytes = p.kv_bytes_per_token * kCudaPageSize;
   p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;
   p.weights = weight_bytes(c, core::dtype_size(opt.matrix_dtype));
   p.workspace = workspace_bytes(c, opt, max_ctx);

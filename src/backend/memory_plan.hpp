@@ -1,6 +1,7 @@
-// The device memory the CUDA backend plans at load (CudaBackend::plan_memory), computed from the config alone
-// so that `deltaflow inspect` can print it on a machine without a GPU: weights, KV cache, recurrent states,
-// activation workspace. The same formulas as plan_memory; a gpu test holds the two equal.
+// The device memory the CUDA backend plans at load (CudaBackend::plan_memory, and allocate_pools for the
+// engine's pools), computed from the config alone so that `deltaflow inspect` can print it on a machine
+// without a GPU: weights, KV cache, recurrent states, activation workspace. The same formulas as the backend;
+// a gpu test holds the two equal.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,15 @@
 
 namespace deltaflow::backend {
 
+// Positions per KV page of the CUDA backend's paged cache (CudaBackend::kPageSize).
+inline constexpr int32_t kCudaPageSize = 16;
+
 struct MemoryPlanOptions {
+  // The engine's pools (allocate_pools): kv_pages > 0 pages of kCudaPageSize positions and state_slots state
+  // slots, each pool with one more for scratch. kv_pages == 0: the per-sequence layout of the sequence API,
+  // max_sequences + 1 slots of max_context contiguous positions.
+  int64_t kv_pages = 0;
+  int32_t state_slots = 0;
   int max_sequences = 4;                          // as CudaOptions
   int64_t max_context = 0;                        // 0: min(max_position_embeddings, 32768)
   int64_t prefill_chunk = 4096;                   // as CudaOptions
@@ -25,10 +34,12 @@ struct MemoryPlanEstimate {
   size_t states = 0;          // conv + fp32 Gated DeltaNet states, all slots
   size_t workspace = 0;       // activations for one forward of max(prefill_chunk, 32) rows, and the logits
   size_t gemm_workspace = 0;  // cuBLASLt's workspace
-  int slots = 0;              // max_sequences + 1 scratch slot (pads the decode graph buckets)
+  int slots = 0;              // state slots (or max_sequences) + 1 scratch slot (pads the decode graph buckets)
+  int64_t kv_pages = 0;       // paged: KV pages + 1 scratch page; else 0
   int64_t max_context = 0;
   bool kv_f32 = false;
   size_t kv_bytes_per_token = 0;        // one sequence: K and V of every full-attention layer
+  size_t kv_page_bytes = 0;             // kv_bytes_per_token x kCudaPageSize
   size_t state_bytes_per_sequence = 0;  // one sequence: conv + Gated DeltaNet states of every linear layer
   size_t total() const { return weights + kv + states + workspace + gemm_workspace; }
 };

@@ -9,10 +9,12 @@ namespace deltaflow::backend {
 SequenceStepper::SequenceStepper(std::unique_ptr<SequenceBackend> inner)
     : owned_(std::move(inner)), inner_(owned_.get()) {
   pools_.paged = inner_->can_page();
+  pools_.max_context = inner_->max_context();
 }
 
 SequenceStepper::SequenceStepper(SequenceBackend& inner) : inner_(&inner) {
   pools_.paged = inner_->can_page();
+  pools_.max_context = inner_->max_context();
 }
 
 int32_t SequenceStepper::page_size() const {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -5,6 +6,8 @@
 #include "backend/memory_plan.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/model_options.hpp"
+#include "engine/pool_plan.hpp"
 #include "io/safetensors.hpp"
 #include "model/config.hpp"
 #include "model/weight_summary.hpp"
@@ -19,36 +22,51 @@ void print_bytes(const char* label, size_t bytes, const std::string& note) {
               static_cast<double>(bytes) / 1e9, note.c_str());
 }
 
-// The CUDA backend's plan at load (backend/memory_plan.hpp); GB are 1e9 bytes.
-void print_memory_plan(const backend::MemoryPlanEstimate& p, const backend::MemoryPlanOptions& o,
-                       double gpu_gb) {
-  std::printf(
-      "memory plan:    cuda backend, %d sequences (+1 scratch slot) x %lld positions, %s KV cache, %s\n",
-      o.max_sequences, static_cast<long long>(p.max_context), p.kv_f32 ? "fp32" : "bf16",
-      std::string(core::dtype_name(o.matrix_dtype)).c_str());
+// The CUDA backend's plan at load for the engine a server would run with these flags (pool_plan.hpp sizes
+// the pools, backend/memory_plan.hpp the bytes); GB are 1e9 bytes.
+void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolPlan& pools,
+                       const engine::SchedulerOptions& o, core::DType matrix_dtype, double gpu_gb) {
+  const long long len = static_cast<long long>(p.max_context);
+  std::printf("memory plan:    cuda backend, %d sequences of up to %lld positions, %s KV pages of %d positions, "
+              "%s weights\n",
+              o.max_num_seqs, len, p.kv_f32 ? "fp32" : "bf16", backend::kCudaPageSize,
+              std::string(core::dtype_name(matrix_dtype)).c_str());
   print_bytes("weights:", p.weights, "");
   std::printf("  %-18s %14llu bytes\n",
               "kv per token:", static_cast<unsigned long long>(p.kv_bytes_per_token));
   print_bytes("kv cache:", p.kv,
-              "  (" + std::to_string(p.slots) + " slots x " + std::to_string(p.max_context) + " positions)");
+              "  (" + std::to_string(p.kv_pages) + " pages: " + std::to_string(pools.running_pages) +
+                  " running, " + std::to_string(pools.cache_pages) + " prefix cache, 1 scratch)");
+  const int64_t pages_per_seq = (p.max_context + backend::kCudaPageSize - 1) / backend::kCudaPageSize;
+  std::printf("  %-18s %lld sequences of %lld positions at once%s\n", "running pages hold:",
+              static_cast<long long>(pools.running_pages / pages_per_seq), len,
+              o.kv_cache_gb > 0 ? " (--kv-cache-gb)" : "");
   std::printf("  %-18s %14llu bytes\n",
               "state per seq:", static_cast<unsigned long long>(p.state_bytes_per_sequence));
-  print_bytes("recurrent states:", p.states, "  (" + std::to_string(p.slots) + " slots)");
-  print_bytes("workspace:", p.workspace + p.gemm_workspace, "  (activations, logits, cuBLASLt)");
+  print_bytes("recurrent states:", p.states,
+              "  (" + std::to_string(p.slots) + " slots: " + std::to_string(pools.running_slots) + " running, " +
+                  std::to_string(pools.cache_slots) + " prefix-cache checkpoints, 1 scratch)");
+  print_bytes("workspace:", p.workspace + p.gemm_workspace,
+              "  (steps of up to " + std::to_string(std::max<int64_t>(o.max_num_batched_tokens, 4096)) +
+                  " rows: activations, logits, cuBLASLt)");
   print_bytes("total:", p.total(), "  (plus the CUDA context)");
   if (gpu_gb > 0) {
     const double cap = gpu_gb * 1e9;
     const bool fits = static_cast<double>(p.total()) <= cap;
     std::printf("  %-18s %s (%.3f GB of %.3f GB)\n", "fits:", fits ? "yes" : "no",
                 static_cast<double>(p.total()) / 1e9, gpu_gb);
-    // What the rest holds once weights and workspace are in: the engine's KV pages and state slots are
-    // handed out per sequence, so as many sequences of max_context positions as their bytes allow.
-    const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace);
-    const double per_seq = static_cast<double>(p.kv_bytes_per_token) * static_cast<double>(p.max_context) +
-                           static_cast<double>(p.state_bytes_per_sequence);
+    // What the rest holds once the weights, the workspace and the prefix cache's share are in: full-length
+    // sequences, each its pages and a state slot, and the --kv-cache-gb that gives their pages.
+    const double page = static_cast<double>(p.kv_page_bytes), slot = static_cast<double>(p.state_bytes_per_sequence);
+    const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace) +
+                         static_cast<double>(pools.cache_pages + 1) * page +
+                         static_cast<double>(pools.cache_slots + 1) * slot;
+    const double per_seq = static_cast<double>(pages_per_seq) * page + slot;
     const long long n = cap > fixed ? static_cast<long long>((cap - fixed) / per_seq) : 0;
-    std::printf("  %-18s %lld sequences of %lld positions (%.3f GB each: KV + recurrent state)\n",
-                "sequences that fit:", n, static_cast<long long>(p.max_context), per_seq / 1e9);
+    std::printf("  %-18s %lld sequences of %lld positions (%.3f GB each: KV + recurrent state; "
+                "--max-num-seqs %lld --kv-cache-gb %.2f)\n",
+                "sequences that fit:", n, len, per_seq / 1e9, n,
+                static_cast<double>(n * pages_per_seq) * page / static_cast<double>(1ull << 30));
   }
 }
 
@@ -85,8 +103,11 @@ void print_weight_formats(const model::TextConfig& c, const model::ModelWeights&
 
 int cmd_inspect(const Argv& argv) {
   const std::string cmd = "inspect";
-  auto args =
-      Args::parse(argv, {{"--max-context", "--max-sequences", "--gpu-memory"}, {"--exact", "--tensors"}, 1});
+  // serve's engine flags that shape the memory (parse_engine_options reads them).
+  auto args = Args::parse(argv, {{"--gpu-memory", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                                  "--kv-cache-gb", "--prefix-cache-gb"},
+                                 {"--exact", "--tensors", "--no-prefix-cache"},
+                                 1});
   if (!args) return fail(cmd, args.message());
   if (args->positionals().empty()) return fail(cmd, "missing DIR");
   const std::string dir = args->positionals()[0];
@@ -97,22 +118,30 @@ int cmd_inspect(const Argv& argv) {
   auto w = model::bind_weights(*config, *ck);
   if (!w) return fail(cmd, w.message());
   const auto& c = *config;
-  backend::MemoryPlanOptions plan_opt;
-  auto max_seqs = args->get_int("--max-sequences", plan_opt.max_sequences);
-  if (!max_seqs) return fail(cmd, max_seqs.message());
-  if (*max_seqs < 1 || *max_seqs > 4096) return fail(cmd, "flag --max-sequences must be in [1, 4096]");
-  auto max_ctx = args->get_int("--max-context", 0);
-  if (!max_ctx) return fail(cmd, max_ctx.message());
-  if (*max_ctx < 0 || *max_ctx > c.max_position_embeddings)
-    return fail(cmd, "flag --max-context must be in [0, max_position_embeddings " +
-                         std::to_string(c.max_position_embeddings) + "] (0: the default)");
+  auto eng = parse_engine_options(*args);
+  if (!eng) return fail(cmd, eng.message());
+  if (eng->max_model_len > c.max_position_embeddings)
+    return fail(cmd, "flag --max-model-len " + std::to_string(eng->max_model_len) + " exceeds the model's " +
+                         std::to_string(c.max_position_embeddings) + " positions (max_position_embeddings)");
   auto gpu_gb = args->get_double("--gpu-memory", 0.0);
   if (!gpu_gb) return fail(cmd, gpu_gb.message());
   if (*gpu_gb < 0) return fail(cmd, "flag --gpu-memory must be a positive number of GB");
-  plan_opt.max_sequences = static_cast<int>(*max_seqs);
-  plan_opt.max_context = *max_ctx;
+  // The CUDA backend's plan for the engine these flags would start (engine/generate.cpp's load_backend).
+  backend::MemoryPlanOptions plan_opt;
+  plan_opt.max_context = eng->max_model_len;
+  plan_opt.prefill_chunk = std::max<int64_t>(plan_opt.prefill_chunk, eng->max_num_batched_tokens);
   plan_opt.exact = args->has("--exact");
   plan_opt.matrix_dtype = w->embed_tokens.dtype;
+  const auto unit = backend::estimate_memory_plan(c, plan_opt);
+  engine::PoolGeometry geo;
+  geo.model_len = unit.max_context;
+  geo.page_size = backend::kCudaPageSize;
+  geo.page_bytes = unit.kv_page_bytes;
+  geo.slot_bytes = unit.state_bytes_per_sequence;
+  auto pools = engine::plan_pools(*eng, geo);
+  if (!pools) return fail(cmd, pools.message());
+  plan_opt.kv_pages = pools->kv_pages();
+  plan_opt.state_slots = pools->state_slots();
 
   std::string pattern;
   for (auto t : c.layer_types) pattern += t == model::LayerType::kFullAttention ? 'F' : 'L';
@@ -165,7 +194,7 @@ int cmd_inspect(const Argv& argv) {
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));
   print_weight_formats(c, *w, args->has("--tensors"));
-  print_memory_plan(backend::estimate_memory_plan(c, plan_opt), plan_opt, *gpu_gb);
+  print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, plan_opt.matrix_dtype, *gpu_gb);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include "backend/host_sampling.hpp"
 #include "engine/constraint.hpp"
+#include "engine/pool_plan.hpp"
 #include "engine/sampling_state.hpp"
 
 namespace deltaflow::engine {
@@ -80,68 +81,41 @@ Scheduler::~Scheduler() {
   stop();
 }
 
-// The memory plan: pages for max_num_seqs sequences of max_model_len (or --kv-cache-gb), state slots for
-// them, and the prefix cache's share (half slots, half pages, of --prefix-cache-gb).
+// The memory plan (pool_plan.hpp): pages and state slots for the running sequences, and the prefix cache's
+// share of --prefix-cache-gb.
 core::Status Scheduler::plan() {
-  if (opt_.max_num_seqs < 1) return core::Error{"--max-num-seqs must be at least 1"};
-  if (opt_.max_num_batched_tokens < 1) return core::Error{"--max-num-batched-tokens must be at least 1"};
   const auto& c = backend_.config();
-  const int64_t model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
-  page_size_ = backend_.page_size();
-  const size_t page_bytes = std::max<size_t>(
-      backend_.page_bytes() + (opt_.speculative_tokens > 0 ? backend_.draft_page_bytes() : 0), 1);
-  const size_t slot_bytes = std::max<size_t>(backend_.slot_bytes(), 1);
-  const int64_t one_seq = ceil_div(model_len, page_size_);
-  int64_t kv_pages = opt_.max_num_seqs * one_seq;
-  if (opt_.kv_cache_gb > 0) {
-    kv_pages = static_cast<int64_t>(opt_.kv_cache_gb * (1ull << 30) / static_cast<double>(page_bytes));
-  } else {
-    kv_pages = std::min<int64_t>(
-        kv_pages, std::max<int64_t>(one_seq, (int64_t{4} << 30) / static_cast<int64_t>(page_bytes)));
-  }
-  if (kv_pages < 1)
-    return core::Error{"--kv-cache-gb " + std::to_string(opt_.kv_cache_gb) + " holds no KV page"};
-  int32_t slots = opt_.max_num_seqs;
+  if (opt_.speculative_tokens > 0 && !backend_.can_draft())
+    return core::Error{std::string("--speculative-tokens: the ") + backend_.name() +
+                       " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
+                       "and a backend that runs it: cpu for now)"};
+  PoolGeometry g;
+  g.model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
+  // The backend's own cap (CUDA: the context it planned its workspace for) bounds the default KV budget.
+  if (backend_.pools().max_context > 0) g.model_len = std::min(g.model_len, backend_.pools().max_context);
+  g.page_size = backend_.page_size();
+  g.page_bytes = backend_.page_bytes() + (opt_.speculative_tokens > 0 ? backend_.draft_page_bytes() : 0);
+  g.slot_bytes = backend_.slot_bytes();
+  g.paged = backend_.pools().paged;
+  DF_ASSIGN(PoolPlan plan, plan_pools(opt_, g));
   backend::PoolRequest req;
-  if (opt_.speculative_tokens < 0 || opt_.speculative_tokens > kMaxSpeculativeTokens)
-    return core::Error{"--speculative-tokens must be in [0, " + std::to_string(kMaxSpeculativeTokens) +
-                       "], not " + std::to_string(opt_.speculative_tokens)};
-  if (opt_.speculative_tokens > 0) {
-    if (!backend_.can_draft())
-      return core::Error{
-          std::string("--speculative-tokens: the ") + backend_.name() +
-          " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
-          "and a backend that runs it: cpu for now)"};
-    // Verification snapshots: a state slot per drafted token of every running sequence.
-    slots += opt_.max_num_seqs * opt_.speculative_tokens;
-    req.draft = true;
-  }
-  const double cache_bytes = opt_.prefix_cache ? opt_.prefix_cache_gb * (1ull << 30) : 0.0;
-  int32_t cache_slots = 0;
-  int64_t cache_pages = 0;
-  // A backend without paged KV (Pools::paged, known before allocate) has no prefix cache.
-  if (opt_.prefix_cache && backend_.pools().paged && cache_bytes >= static_cast<double>(slot_bytes)) {
-    cache_slots = static_cast<int32_t>(
-        std::min<double>(cache_bytes / 2 / static_cast<double>(slot_bytes), 16.0 * opt_.max_num_seqs));
-    cache_slots = std::max(cache_slots, 1);
-    cache_pages = static_cast<int64_t>(cache_bytes / 2 / static_cast<double>(page_bytes));
-  }
-  req.kv_pages = kv_pages + cache_pages;
-  req.state_slots = slots + cache_slots;
+  req.draft = opt_.speculative_tokens > 0;
+  req.kv_pages = plan.kv_pages();
+  req.state_slots = plan.state_slots();
   req.max_step_rows = opt_.max_num_batched_tokens;
   req.max_step_seqs = opt_.max_num_seqs;
   DF_TRY(backend_.allocate(req));
   const auto& pools = backend_.pools();
   page_size_ = pools.page_size;
-  max_model_len_ = std::min<int64_t>(model_len, pools.max_context);
+  max_model_len_ = std::min<int64_t>(g.model_len, pools.max_context);
   pages_ = KvPages(pools.kv_pages);
   slots_ = StateSlots(pools.state_slots);
-  use_cache_ = opt_.prefix_cache && pools.paged && cache_slots > 0;
+  use_cache_ = plan.prefix_cache;
   if (use_cache_) {
     PrefixCache::Budget b;
-    b.max_bytes = static_cast<size_t>(cache_bytes);
-    b.page_bytes = page_bytes;
-    b.slot_bytes = slot_bytes;
+    b.max_bytes = static_cast<size_t>(opt_.prefix_cache_gb * (1ull << 30));
+    b.page_bytes = std::max<size_t>(g.page_bytes, 1);
+    b.slot_bytes = std::max<size_t>(g.slot_bytes, 1);
     b.page_size = page_size_;
     cache_ = std::make_unique<PrefixCache>(pages_, slots_, b);
   }

@@ -44,7 +44,7 @@ struct SchedulerOptions {
   int32_t max_num_seqs = 16;              // sequences running at once
   int64_t max_num_batched_tokens = 2048;  // tokens one step carries (decode rows + prefill chunks)
   // KV memory for the running sequences; 0: enough for max_num_seqs sequences of max_model_len (at most
-  // 8 GiB; fewer pages only mean earlier preemption).
+  // kDefaultKvCacheBytes, 4 GiB, in pool_plan.hpp; fewer pages only mean earlier preemption).
   double kv_cache_gb = 0;
   bool prefix_cache = true;
   double prefix_cache_gb = 1.0;  // checkpoints' state slots + KV pages only the cache holds

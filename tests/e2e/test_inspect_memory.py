@@ -1,10 +1,12 @@
-"""`deltaflow inspect DIR` prints the CUDA backend's memory plan (backend/memory_plan.cpp), on any machine."""
+"""`deltaflow inspect DIR` prints the CUDA backend's memory plan for the engine that serve's flags would start
+(engine/pool_plan.cpp sizes the pools, backend/memory_plan.cpp the bytes), on any machine."""
 import os
 import re
 
 from conftest import FIXTURES, run
 
 HOUSE = os.path.join(os.path.dirname(FIXTURES), "..", "models", "house")
+GIB = 1 << 30
 
 
 def plan(*flags, model=HOUSE):
@@ -17,18 +19,35 @@ def plan(*flags, model=HOUSE):
         m = re.match(r"\s+fits:\s+(yes|no)", line)
         if m:
             fields["fits"] = m.group(1)
+        m = re.search(r"\((\d+) pages: (\d+) running, (\d+) prefix cache, 1 scratch\)", line)
+        if m:
+            fields["pages"], fields["running pages"], fields["cache pages"] = map(int, m.groups())
+        m = re.search(r"\((\d+) slots: (\d+) running, (\d+) prefix-cache checkpoints, 1 scratch\)", line)
+        if m:
+            fields["slots"], fields["running slots"], fields["cache slots"] = map(int, m.groups())
     return out, fields
 
 
+# models/house: 8 layers, 2 full attention (2 kv heads x 128), 6 Gated DeltaNet (k 2 x 64, v 4 x 64, conv 4);
+# 4096 positions.
+KV_TOKEN = 2 * 2 * 2 * 128 * 2  # layers x K,V x heads x dims x bf16
+PAGE = 16 * KV_TOKEN
+SLOT = 6 * ((2 * 2 * 64 + 4 * 64) * 3 + 4 * 64 * 64) * 4
+
+
 def test_house_model_plan_by_hand():
-    # models/house: 8 layers, 2 full attention (2 kv heads x 128), 6 Gated DeltaNet (k 2 x 64, v 4 x 64, conv 4).
     out, f = plan()
-    assert "memory plan:" in out and "4 sequences (+1 scratch slot) x 4096 positions" in out
-    assert f["kv per token"] == 2 * 2 * 2 * 128 * 2  # layers x K,V x heads x dims x bf16
-    assert f["kv cache"] == 5 * 4096 * 2048
-    conv_dim = 2 * 2 * 64 + 4 * 64
-    assert f["state per seq"] == 6 * (conv_dim * 3 + 4 * 64 * 64) * 4
-    assert f["recurrent states"] == 5 * f["state per seq"]
+    assert "16 sequences of up to 4096 positions, bf16 KV pages of 16 positions" in out
+    assert f["kv per token"] == KV_TOKEN
+    assert f["state per seq"] == SLOT
+    # Defaults: 16 sequences x 256 pages; the 1 GiB prefix cache, half pages, half slots (at most 16 a sequence).
+    assert f["running pages"] == 16 * 256
+    assert f["cache pages"] == GIB // 2 // PAGE
+    assert f["pages"] == f["running pages"] + f["cache pages"] + 1
+    assert f["kv cache"] == f["pages"] * PAGE
+    assert "running pages hold: 16 sequences of 4096 positions at once" in out
+    assert (f["running slots"], f["cache slots"]) == (16, min(GIB // 2 // SLOT, 16 * 16))
+    assert f["recurrent states"] == f["slots"] * SLOT
     # The text tensors as stored, plus the norms widened to fp32 and 256-byte alignment.
     text_bytes = int(re.search(r"text bytes:\s+(\d+)", out).group(1))
     assert text_bytes <= f["weights"] <= text_bytes + 200_000
@@ -36,26 +55,42 @@ def test_house_model_plan_by_hand():
     assert "fits" not in f
 
 
-def test_flags_change_the_plan_and_fit():
+def test_serve_flags_change_the_plan():
     _, base = plan()
-    _, f = plan("--max-sequences", 2, "--max-context", 1000, "--gpu-memory", 80)
-    assert f["kv cache"] == 2 * ((3 * 1000 * 2048 // 2 + 255) // 256 * 256)
-    assert f["recurrent states"] == 3 * base["state per seq"]
-    assert f["fits"] == "yes"
-    _, tiny = plan("--gpu-memory", 0.01)
-    assert tiny["fits"] == "no"
-    # How many sequences of the planned length the rest of the GPU holds, by hand.
-    out, big = plan("--max-context", 4096, "--gpu-memory", 1)
-    n = int(re.search(r"sequences that fit:\s+(\d+) sequences of 4096 positions", out).group(1))
-    per_seq = big["kv per token"] * 4096 + big["state per seq"]
-    assert n == (10**9 - big["weights"] - big["workspace"]) // per_seq
-    assert re.search(r"sequences that fit:\s+0 sequences", run("inspect", HOUSE, "--gpu-memory", 0.01).stdout)
+    _, f = plan("--max-num-seqs", 4, "--max-model-len", 1000, "--no-prefix-cache")
+    assert (f["running pages"], f["cache pages"], f["pages"]) == (4 * 63, 0, 4 * 63 + 1)
+    assert (f["running slots"], f["cache slots"], f["slots"]) == (4, 0, 5)
+    # --kv-cache-gb sets the running pages whatever the sequences; fewer than they need is said.
+    out, kv = plan("--kv-cache-gb", 0.05, "--prefix-cache-gb", 0)
+    assert kv["running pages"] == int(0.05 * GIB) // PAGE
+    assert f"running pages hold: {kv['running pages'] // 256} sequences of 4096 positions at once (--kv-cache-gb)" in out
+    # Larger steps take a larger workspace.
+    _, big_steps = plan("--max-num-batched-tokens", 16384)
+    assert big_steps["workspace"] > base["workspace"]
     _, exact = plan("--exact")
-    assert exact["kv per token"] == 2 * base["kv per token"]
+    assert exact["kv per token"] == 2 * KV_TOKEN
+
+
+def test_gpu_memory_fits_and_sequences_that_fit():
+    _, f = plan("--gpu-memory", 80)
+    assert f["fits"] == "yes"
+    assert plan("--gpu-memory", 0.01)[1]["fits"] == "no"
+    # How many sequences of the planned length the rest of the GPU holds, by hand: what is left after the
+    # weights, the workspace, the prefix cache's pages and slots and the scratch page and slot, in sequences
+    # of 256 pages and a slot.
+    out, g = plan("--gpu-memory", 1)
+    m = re.search(r"sequences that fit:\s+(\d+) sequences of 4096 positions .*--max-num-seqs (\d+) --kv-cache-gb ([0-9.]+)", out)
+    fixed = g["weights"] + g["workspace"] + (g["cache pages"] + 1) * PAGE + (g["cache slots"] + 1) * SLOT
+    n = (10**9 - fixed) // (256 * PAGE + SLOT)
+    assert int(m.group(1)) == int(m.group(2)) == n
+    assert abs(float(m.group(3)) - n * 256 * PAGE / GIB) < 0.006
+    assert re.search(r"sequences that fit:\s+0 sequences", run("inspect", HOUSE, "--gpu-memory", 0.01).stdout)
 
 
 def test_bad_flags_are_errors():
-    for flags in (("--max-sequences", 0), ("--max-context", 10**9), ("--gpu-memory", -1)):
+    for flags in (("--max-num-seqs", 0), ("--max-model-len", 10**9), ("--gpu-memory", -1), ("--kv-cache-gb", -1),
+                  ("--prefix-cache-gb", -1), ("--max-context", 100)):
         p = run("inspect", HOUSE, *flags, check=False)
         assert p.returncode != 0
         assert flags[0] in p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1

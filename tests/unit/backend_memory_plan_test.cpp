@@ -67,6 +67,25 @@ TEST(MemoryPlan, Qwen36_27bOptions) {
   EXPECT_LT(p.workspace, estimate_memory_plan(c, fast).workspace);
 }
 
+// The engine's pools (allocate_pools): KV in pages of kCudaPageSize positions, a scratch page and slot more.
+TEST(MemoryPlan, Qwen36_27bEnginePools) {
+  const auto c = qwen36_27b();
+  MemoryPlanOptions o;
+  o.kv_pages = 4096;
+  o.state_slots = 80;
+  o.max_context = 32768;
+  const auto p = estimate_memory_plan(c, o);
+  EXPECT_EQ(p.kv_pages, 4097);
+  EXPECT_EQ(p.slots, 81);
+  EXPECT_EQ(p.kv_page_bytes, 65536u * 16);           // 1 MiB a page
+  EXPECT_EQ(p.kv, 4097ull * 65536 * 16);             // K and V halves, each 256-byte aligned already
+  EXPECT_EQ(p.states, 81ull * 156893184);
+  // The workspace does not depend on the pools.
+  MemoryPlanOptions contiguous;
+  contiguous.max_context = 32768;
+  EXPECT_EQ(p.workspace, estimate_memory_plan(c, contiguous).workspace);
+}
+
 TEST(MemoryPlan, TinyPresetsFromShapes) {
   for (const auto& preset : model::tiny_presets()) {
     SCOPED_TRACE(preset);

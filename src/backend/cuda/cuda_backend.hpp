@@ -20,6 +20,7 @@
 #include "backend/cuda/gemm.hpp"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/op_profile.hpp"
+#include "backend/memory_plan.hpp"
 #include "backend/sequence_backend.hpp"
 #include "core/dtype.hpp"
 #include "model/config.hpp"
@@ -149,7 +150,7 @@ class CudaBackend final : public SequenceBackend {
 
   // The engine's pools (cuda_pools.cpp): state slots and KV pages of kPageSize positions, each slot's KV
   // addressed through its block table (uploaded by bind where it changed). Not with tensor parallelism.
-  static constexpr int32_t kPageSize = 16;
+  static constexpr int32_t kPageSize = kCudaPageSize;  // memory_plan.hpp, what `inspect` plans with
   static constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
   bool can_page() const override { return opt_.collective == nullptr; }
   bool prefill_snapshots() const override { return true; }
