@@ -34,8 +34,8 @@ struct MemoryPlanEstimate {
   size_t states = 0;          // conv + fp32 Gated DeltaNet states, all slots
   size_t workspace = 0;       // activations for one forward of max(prefill_chunk, 32) rows, and the logits
   size_t gemm_workspace = 0;  // cuBLASLt's workspace
-  int slots = 0;              // state slots (or max_sequences) + 1 scratch slot (pads the decode graph buckets)
-  int64_t kv_pages = 0;       // paged: KV pages + 1 scratch page; else 0
+  int slots = 0;         // state slots (or max_sequences) + 1 scratch slot (pads the decode graph buckets)
+  int64_t kv_pages = 0;  // paged: KV pages + 1 scratch page; else 0
   int64_t max_context = 0;
   bool kv_f32 = false;
   size_t kv_bytes_per_token = 0;        // one sequence: K and V of every full-attention layer

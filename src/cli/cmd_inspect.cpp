@@ -27,10 +27,11 @@ void print_bytes(const char* label, size_t bytes, const std::string& note) {
 void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolPlan& pools,
                        const engine::SchedulerOptions& o, core::DType matrix_dtype, double gpu_gb) {
   const long long len = static_cast<long long>(p.max_context);
-  std::printf("memory plan:    cuda backend, %d sequences of up to %lld positions, %s KV pages of %d positions, "
-              "%s weights\n",
-              o.max_num_seqs, len, p.kv_f32 ? "fp32" : "bf16", backend::kCudaPageSize,
-              std::string(core::dtype_name(matrix_dtype)).c_str());
+  std::printf(
+      "memory plan:    cuda backend, %d sequences of up to %lld positions, %s KV pages of %d positions, "
+      "%s weights\n",
+      o.max_num_seqs, len, p.kv_f32 ? "fp32" : "bf16", backend::kCudaPageSize,
+      std::string(core::dtype_name(matrix_dtype)).c_str());
   print_bytes("weights:", p.weights, "");
   std::printf("  %-18s %14llu bytes\n",
               "kv per token:", static_cast<unsigned long long>(p.kv_bytes_per_token));
@@ -38,14 +39,14 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
               "  (" + std::to_string(p.kv_pages) + " pages: " + std::to_string(pools.running_pages) +
                   " running, " + std::to_string(pools.cache_pages) + " prefix cache, 1 scratch)");
   const int64_t pages_per_seq = (p.max_context + backend::kCudaPageSize - 1) / backend::kCudaPageSize;
-  std::printf("  %-18s %lld sequences of %lld positions at once%s\n", "running pages hold:",
-              static_cast<long long>(pools.running_pages / pages_per_seq), len,
+  std::printf("  %-18s %lld sequences of %lld positions at once%s\n",
+              "running pages hold:", static_cast<long long>(pools.running_pages / pages_per_seq), len,
               o.kv_cache_gb > 0 ? " (--kv-cache-gb)" : "");
   std::printf("  %-18s %14llu bytes\n",
               "state per seq:", static_cast<unsigned long long>(p.state_bytes_per_sequence));
   print_bytes("recurrent states:", p.states,
-              "  (" + std::to_string(p.slots) + " slots: " + std::to_string(pools.running_slots) + " running, " +
-                  std::to_string(pools.cache_slots) + " prefix-cache checkpoints, 1 scratch)");
+              "  (" + std::to_string(p.slots) + " slots: " + std::to_string(pools.running_slots) +
+                  " running, " + std::to_string(pools.cache_slots) + " prefix-cache checkpoints, 1 scratch)");
   print_bytes("workspace:", p.workspace + p.gemm_workspace,
               "  (steps of up to " + std::to_string(std::max<int64_t>(o.max_num_batched_tokens, 4096)) +
                   " rows: activations, logits, cuBLASLt)");
@@ -57,16 +58,18 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
                 static_cast<double>(p.total()) / 1e9, gpu_gb);
     // What the rest holds once the weights, the workspace and the prefix cache's share are in: full-length
     // sequences, each its pages and a state slot, and the --kv-cache-gb that gives their pages.
-    const double page = static_cast<double>(p.kv_page_bytes), slot = static_cast<double>(p.state_bytes_per_sequence);
+    const double page = static_cast<double>(p.kv_page_bytes),
+                 slot = static_cast<double>(p.state_bytes_per_sequence);
     const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace) +
                          static_cast<double>(pools.cache_pages + 1) * page +
                          static_cast<double>(pools.cache_slots + 1) * slot;
     const double per_seq = static_cast<double>(pages_per_seq) * page + slot;
     const long long n = cap > fixed ? static_cast<long long>((cap - fixed) / per_seq) : 0;
-    std::printf("  %-18s %lld sequences of %lld positions (%.3f GB each: KV + recurrent state; "
-                "--max-num-seqs %lld --kv-cache-gb %.2f)\n",
-                "sequences that fit:", n, len, per_seq / 1e9, n,
-                static_cast<double>(n * pages_per_seq) * page / static_cast<double>(1ull << 30));
+    std::printf(
+        "  %-18s %lld sequences of %lld positions (%.3f GB each: KV + recurrent state; "
+        "--max-num-seqs %lld --kv-cache-gb %.2f)\n",
+        "sequences that fit:", n, len, per_seq / 1e9, n,
+        static_cast<double>(n * pages_per_seq) * page / static_cast<double>(1ull << 30));
   }
 }
 
@@ -104,8 +107,8 @@ void print_weight_formats(const model::TextConfig& c, const model::ModelWeights&
 int cmd_inspect(const Argv& argv) {
   const std::string cmd = "inspect";
   // serve's engine flags that shape the memory (parse_engine_options reads them).
-  auto args = Args::parse(argv, {{"--gpu-memory", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-                                  "--kv-cache-gb", "--prefix-cache-gb"},
+  auto args = Args::parse(argv, {{"--gpu-memory", "--max-model-len", "--max-num-seqs",
+                                  "--max-num-batched-tokens", "--kv-cache-gb", "--prefix-cache-gb"},
                                  {"--exact", "--tensors", "--no-prefix-cache"},
                                  1});
   if (!args) return fail(cmd, args.message());

@@ -150,8 +150,10 @@ const std::map<std::string, Help>& table() {
               {"--json", "print {\"ids\": [...], \"finish_reason\": ...}"}},
              join(sampling_flags(), engine_flags()))}},
       {"inspect",
-       {"deltaflow inspect DIR [--max-num-seqs N] [--max-model-len N] [--kv-cache-gb GB] [--gpu-memory GB] ...",
-        "Architecture, layer pattern, parameter count, tensor formats and bytes, and the CUDA memory plan that "
+       {"deltaflow inspect DIR [--max-num-seqs N] [--max-model-len N] [--kv-cache-gb GB] [--gpu-memory GB] "
+        "...",
+        "Architecture, layer pattern, parameter count, tensor formats and bytes, and the CUDA memory plan "
+        "that "
         "serve with the same engine flags would make.",
         {{"--max-num-seqs N", "running sequences (serve's flag; default 16)"},
          {"--max-model-len N", "positions per sequence (default: the model's, capped at 32768)"},
@@ -163,9 +165,9 @@ const std::map<std::string, Help>& table() {
          {"--exact", "the exact mode's fp32 KV and activations"},
          {"--tensors", "list every tensor with its format and bytes"}}}},
       {"make-tiny",
-       {"deltaflow make-tiny --preset dense|moe|tied|multimodal|next --seed N --out DIR",
+       {"deltaflow make-tiny --preset dense|moe|tied|multimodal|next|vl|long --seed N --out DIR",
         "Writes a random-weight checkpoint in the real architecture (same seed, same bytes).",
-        {{"--preset NAME", "dense, moe, tied, multimodal or next (required)"},
+        {{"--preset NAME", "dense, moe, tied, multimodal, next, vl or long (required)"},
          {"--seed N", "weights seed (default 0)"},
          {"--out DIR", "output directory (required)"}}}},
       {"quantize",

@@ -86,9 +86,10 @@ Scheduler::~Scheduler() {
 core::Status Scheduler::plan() {
   const auto& c = backend_.config();
   if (opt_.speculative_tokens > 0 && !backend_.can_draft())
-    return core::Error{std::string("--speculative-tokens: the ") + backend_.name() +
-                       " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
-                       "and a backend that runs it: cpu for now)"};
+    return core::Error{
+        std::string("--speculative-tokens: the ") + backend_.name() +
+        " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
+        "and a backend that runs it: cpu for now)"};
   PoolGeometry g;
   g.model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
   // The backend's own cap (CUDA: the context it planned its workspace for) bounds the default KV budget.

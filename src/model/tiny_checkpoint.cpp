@@ -52,6 +52,8 @@ struct Preset {
   bool shards = false;
   DType dtype = DType::kBF16;
   int64_t vocab = 1024, hidden = 64, layers = 4, heads = 4, kv_heads = 2, head_dim = 64, inter = 128;
+  int64_t max_positions = 4096;
+  bool mrope = true;
   int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 16, conv_k = 4;
   int64_t experts = 8, top_k = 2, moe_inter = 32, shared_inter = 48;
   std::vector<std::string> layer_types;  // empty: full_attention_interval
@@ -91,6 +93,17 @@ Preset make_preset(const std::string& name) {
     p.model_type = "qwen3_5";
     p.multimodal = true;
     p.vision = true;
+  } else if (name == "long") {
+    // Long-context tests on the CPU: attention is what grows with the square of the length, so one full
+    // attention layer of one 16-dim head; 65,536 positions.
+    p.model_type = "qwen3_5_text";
+    p.layer_types = {"linear_attention", "full_attention"};
+    p.layers = 2;
+    p.heads = 1;
+    p.kv_heads = 1;
+    p.head_dim = 16;
+    p.max_positions = 65536;
+    p.mrope = false;
   } else if (name == "next") {
     p.model_type = "qwen3_next";
     p.next = true;
@@ -116,7 +129,7 @@ ojson text_config_json(const Preset& p) {
   t["head_dim"] = p.head_dim;
   t["hidden_act"] = "silu";
   t["rms_norm_eps"] = 1e-6;
-  t["max_position_embeddings"] = 4096;
+  t["max_position_embeddings"] = p.max_positions;
   t["tie_word_embeddings"] = p.tied;
   t["attention_bias"] = false;
   t["linear_conv_kernel_dim"] = p.conv_k;
@@ -135,7 +148,8 @@ ojson text_config_json(const Preset& p) {
                           {"partial_rotary_factor", 0.25},
                           {"mrope_section", {3, 3, 2}},
                           {"mrope_interleaved", true}};
-  if (p.next) t["rope_parameters"].erase("mrope_section"), t["rope_parameters"].erase("mrope_interleaved");
+  if (p.next || !p.mrope)
+    t["rope_parameters"].erase("mrope_section"), t["rope_parameters"].erase("mrope_interleaved");
   if (p.moe) {
     t["num_experts"] = p.experts;
     t["num_experts_per_tok"] = p.top_k;
@@ -370,10 +384,20 @@ const std::vector<std::string>& tiny_presets() {
   return p;
 }
 
+const std::vector<std::string>& all_tiny_presets() {
+  static const std::vector<std::string> p = [] {
+    auto all = tiny_presets();
+    all.push_back("long");
+    return all;
+  }();
+  return p;
+}
+
 core::Status write_tiny_checkpoint(const std::string& preset, uint64_t seed, const std::string& out_dir) {
-  if (std::find(tiny_presets().begin(), tiny_presets().end(), preset) == tiny_presets().end()) {
+  const auto& known = all_tiny_presets();
+  if (std::find(known.begin(), known.end(), preset) == known.end()) {
     std::string names;
-    for (const auto& n : tiny_presets()) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
     return core::Error{"unknown preset '" + preset + "' (presets: " + names + ")"};
   }
   const Preset p = make_preset(preset);

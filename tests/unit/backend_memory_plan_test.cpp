@@ -77,8 +77,8 @@ TEST(MemoryPlan, Qwen36_27bEnginePools) {
   const auto p = estimate_memory_plan(c, o);
   EXPECT_EQ(p.kv_pages, 4097);
   EXPECT_EQ(p.slots, 81);
-  EXPECT_EQ(p.kv_page_bytes, 65536u * 16);           // 1 MiB a page
-  EXPECT_EQ(p.kv, 4097ull * 65536 * 16);             // K and V halves, each 256-byte aligned already
+  EXPECT_EQ(p.kv_page_bytes, 65536u * 16);  // 1 MiB a page
+  EXPECT_EQ(p.kv, 4097ull * 65536 * 16);    // K and V halves, each 256-byte aligned already
   EXPECT_EQ(p.states, 81ull * 156893184);
   // The workspace does not depend on the pools.
   MemoryPlanOptions contiguous;
