@@ -127,7 +127,11 @@ core::Expected<GenerateResult> generate(Scheduler& s, const std::vector<int32_t>
 
 core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
                                                    const std::vector<std::vector<int32_t>>& seqs, int top_k,
-                                                   ScoreError* why) {
+                                                   ScoreError* why,
+                                                   std::span<const std::vector<ImageInput>> images) {
+  if (!images.empty() && images.size() != seqs.size())
+    return core::Error{"scoring: " + std::to_string(images.size()) + " image lists for " +
+                       std::to_string(seqs.size()) + " sequences"};
   std::vector<GenerationRequest> reqs;
   auto ch = std::make_shared<ResponseChannel>();
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -139,6 +143,7 @@ core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
     req.prompt_top_logprobs = top_k;
     req.channel = ch;
     req.choice = static_cast<int>(i);
+    if (!images.empty()) req.images = images[i];
     reqs.push_back(std::move(req));
   }
   std::vector<ScoreResult> out(seqs.size());

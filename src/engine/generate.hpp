@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,12 +61,14 @@ struct ScoreResult {
 core::Expected<ScoreResult> score(Scheduler& s, const std::vector<int32_t>& ids);
 // Several sequences at once (they share the engine's steps); results in input order. top_k >= 0: also the
 // top_k alternatives and the ranks. `why` says whether a failure was a full queue or a stopped engine (a 429
-// or a 503 at the HTTP edge).
+// or a 503 at the HTTP edge). `images`: empty, or each sequence's images (its placeholders expanded), so that
+// image prompts are scored as they are generated from.
 struct ScoreError {
   bool queue_full = false, stopped = false;
 };
 core::Expected<std::vector<ScoreResult>> score_all(Scheduler& s,
                                                    const std::vector<std::vector<int32_t>>& seqs,
-                                                   int top_k = -1, ScoreError* why = nullptr);
+                                                   int top_k = -1, ScoreError* why = nullptr,
+                                                   std::span<const std::vector<ImageInput>> images = {});
 
 }  // namespace deltaflow::engine

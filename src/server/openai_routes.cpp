@@ -230,9 +230,7 @@ OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
   Json prompt_lp = nullptr;
   if (params.prompt_logprobs) {
     if (stream) throw bad_field("prompt_logprobs", "'prompt_logprobs' is not available with streaming");
-    if (!plan.images.empty())
-      throw bad_field("prompt_logprobs", "'prompt_logprobs' is not available with images");
-    const auto scores = score_prompts(m, {plan.prompt}, *params.prompt_logprobs);
+    const auto scores = score_prompts(m, {plan.prompt}, *params.prompt_logprobs, {plan.images});
     prompt_lp = vllm_prompt_logprobs(m.tokenizer(), plan.prompt, scores[0]);
   }
   std::vector<OutputOptions> outs;
@@ -683,6 +681,8 @@ void handle_tokenize(const http::Request& req, http::Response& res, ServedModel&
     auto text = m.render_chat(messages, tools, get_bool(body, "add_generation_prompt", true), kwargs);
     if (!text) throw bad_field("messages", "the chat template failed: " + text.message());
     ids = m.encode_prompt(*text);
+    // Each image's placeholder expanded to the tokens the model sees for it, as a chat request would.
+    (void)take(load_prompt_images(message_image_urls(messages), m, ctx.options.images, "messages", ids));
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || !it->is_string())

@@ -8,19 +8,22 @@
 namespace deltaflow::server {
 
 std::vector<engine::ScoreResult> score_prompts(ServedModel& m,
-                                               const std::vector<std::vector<int32_t>>& prompts, int top_k) {
+                                               const std::vector<std::vector<int32_t>>& prompts, int top_k,
+                                               const std::vector<std::vector<engine::ImageInput>>& images) {
   // Prompts of one token have nothing to score (the first token has no context).
   std::vector<engine::ScoreResult> results(prompts.size());
   std::vector<std::vector<int32_t>> scored;
+  std::vector<std::vector<engine::ImageInput>> scored_images;
   std::vector<size_t> at;
   for (size_t i = 0; i < prompts.size(); ++i)
     if (prompts[i].size() >= 2) {
       scored.push_back(prompts[i]);
+      if (!images.empty()) scored_images.push_back(images[i]);
       at.push_back(i);
     }
   if (scored.empty()) return results;
   engine::ScoreError why;
-  auto r = engine::score_all(m.scheduler(), scored, top_k, &why);
+  auto r = engine::score_all(m.scheduler(), scored, top_k, &why, scored_images);
   if (!r) {
     if (why.queue_full) throw queue_full();
     if (why.stopped) throw unavailable("the server is shutting down");

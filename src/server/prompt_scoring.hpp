@@ -15,9 +15,11 @@
 namespace deltaflow::server {
 
 // One result per prompt (entry i of a result is about token i + 1; a one-token prompt has none), with the
-// top_k alternatives and ranks when top_k >= 0. Blocks until scored; throws ApiError.
-std::vector<engine::ScoreResult> score_prompts(ServedModel& m,
-                                               const std::vector<std::vector<int32_t>>& prompts, int top_k);
+// top_k alternatives and ranks when top_k >= 0. `images`: empty, or each prompt's images (its placeholders
+// expanded). Blocks until scored; throws ApiError.
+std::vector<engine::ScoreResult> score_prompts(
+    ServedModel& m, const std::vector<std::vector<int32_t>>& prompts, int top_k,
+    const std::vector<std::vector<engine::ImageInput>>& images = {});
 
 // Legacy completions logprobs lists for an echoed prompt: the first token has null logprob and null
 // top_logprobs, as OpenAI reports it.

@@ -103,6 +103,41 @@ def test_openai_image_url_data_and_local_file(vl_server, media):
     assert two.usage.completion_tokens == 6
 
 
+def test_tokenize_and_prompt_logprobs_see_the_image(vl_server):
+    """vLLM's /tokenize counts an image as the tokens the model sees for it, and prompt_logprobs scores the prompt
+    with its image in place: a prompt that differs only in its image scores the same up to the image and not
+    after it."""
+    c = vl_server.openai()
+    messages = lambda name, mime: [{"role": "user", "content": [  # noqa: E731
+        {"type": "image_url", "image_url": {"url": data_url(image_bytes(name), mime)}},
+        {"type": "text", "text": "What is in the picture?"}]}]
+    a_msgs, b_msgs = messages("rgb_67x45.png", "image/png"), messages("lossy_50x34.webp", "image/webp")
+    a = c.chat.completions.create(model=MODEL, messages=a_msgs, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 0})
+    tok = vl_server.post("/tokenize", {"model": MODEL, "messages": a_msgs}).json()
+    assert tok["count"] == a.usage.prompt_tokens == len(tok["tokens"])
+    plp = a.model_extra["prompt_logprobs"]
+    assert len(plp) == a.usage.prompt_tokens and plp[0] is None
+    assert [int(next(iter(e))) for e in plp[1:]] == tok["tokens"][1:]  # each entry holds the prompt's token
+    b = c.chat.completions.create(model=MODEL, messages=b_msgs, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 0})
+    b_plp = b.model_extra["prompt_logprobs"]
+    assert len(b_plp) == len(plp)  # the same grid, so the same ids
+    value = lambda e: next(iter(e.values()))["logprob"]  # noqa: E731
+    # Rows up to the image's first token (the first of a run of repeated placeholder ids) are predicted from the
+    # text alone: the same in both. Every later row has seen its own image.
+    ids = tok["tokens"]
+    first_image = next(j for j in range(len(ids) - 2) if ids[j] == ids[j + 1] == ids[j + 2])
+    for i in range(1, first_image + 1):
+        assert value(plp[i]) == value(b_plp[i]), i
+    after = range(first_image + 1, len(ids))
+    assert sum(value(plp[i]) != value(b_plp[i]) for i in after) >= len(after) // 2
+    # Text only: the /tokenize count of an image-free prompt is its plain token count.
+    text_msgs = [{"role": "user", "content": "What is in the picture?"}]
+    t = vl_server.post("/tokenize", {"model": MODEL, "messages": text_msgs}).json()
+    assert t["count"] < tok["count"] - 2
+
+
 def bad(c, *urls):
     with pytest.raises(openai.BadRequestError) as e:
         chat(c, *urls)
