@@ -185,7 +185,8 @@ class Backend {
   // Images: the checkpoint's vision config when this backend can encode images with it (null otherwise, and
   // vision_error() says why: the backend, or the missing `model.visual.*` weights), and the encoder itself:
   // pixel values [sum of t*h*w, patch_dim] of the grids, image after image -> [sum of t*h*w / merge^2,
-  // hidden_size] rows, one per image placeholder token.
+  // hidden_size] rows, one per image placeholder token. Called on the engine's encoder thread while step()
+  // may be running on the engine thread.
   virtual const model::VisionConfig* vision() const { return nullptr; }
   virtual std::string vision_error() const {
     return std::string(name()) + " backend: images are not supported (no vision encoder here)";

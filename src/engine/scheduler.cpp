@@ -47,6 +47,8 @@ struct Scheduler::Sequence {
   int32_t last_id = -1;         // the last token emit() gave out
   // Images in the prompt (null: text only): encoder rows, M-RoPE positions, prefix-cache keys.
   std::unique_ptr<ImagePrompt> images;
+  std::string encode_error;     // the encoder thread's failure, reported by the engine thread
+  bool encode_skipped = false;  // cancelled before the encoder reached it
   // What the prefix cache knows this sequence's tokens by.
   std::span<const int32_t> keys() const { return images ? images->keys() : std::span<const int32_t>(tokens); }
 };
@@ -162,7 +164,7 @@ SchedulerStats Scheduler::stats() const {
 void Scheduler::publish_stats() {
   SchedulerStats s;
   s.running = static_cast<int64_t>(running_.size());
-  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size()) + encoding_;
   s.kv_pages_used = pages_.used();
   s.kv_pages_total = pages_.total();
   s.kv_pages_cache_only = pages_.cache_only();
@@ -215,8 +217,8 @@ void Scheduler::run() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!stopping_ && queue_.empty() && running_.empty() && waiting_.empty())
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (!stopping_ && queue_.empty() && encoded_.empty() && running_.empty() && waiting_.empty())
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !encoded_.empty(); });
       if (stopping_) break;
     }
     try {
@@ -232,11 +234,66 @@ void Scheduler::run() {
     }
     publish_stats();
   }
+  stop_encoder();
   for (auto& s : running_) finish(*s, FinishReason::kCancelled);
   running_.clear();
   for (auto& s : waiting_) finish(*s, FinishReason::kError, "the server is shutting down");
   waiting_.clear();
   publish_stats();
+}
+
+void Scheduler::run_encoder() {
+  for (;;) {
+    std::unique_ptr<Sequence> s;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      encode_cv_.wait(lock, [&] { return encoder_stop_ || !to_encode_.empty(); });
+      if (encoder_stop_) return;
+      s = std::move(to_encode_.front());
+      to_encode_.pop_front();
+    }
+    if (s->req.channel->cancelled(s->req.choice)) {
+      s->encode_skipped = true;
+    } else {
+      // An encoder that throws (allocation failure) fails this request, not the others.
+      core::Expected<ImagePrompt> ip = core::Error{"images: the encoder failed"};
+      try {
+        ip = ImagePrompt::make(backend_, s->tokens, s->req.images);
+      } catch (const std::exception& ex) {
+        ip = core::Error{std::string("images: the encoder failed: ") + ex.what()};
+      }
+      if (ip.is_ok()) {
+        s->images = std::make_unique<ImagePrompt>(std::move(ip).value());
+        s->req.images.clear();  // the encoder's rows are all the sequence needs now
+      } else {
+        s->encode_error = ip.message();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      encoded_.push_back(std::move(s));
+    }
+    cv_.notify_all();
+  }
+}
+
+void Scheduler::stop_encoder() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    encoder_stop_ = true;
+  }
+  encode_cv_.notify_all();
+  if (encoder_.joinable()) encoder_.join();
+  // The encoder has stopped: what it held or gave back is the engine thread's now.
+  std::deque<std::unique_ptr<Sequence>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(to_encode_);
+    for (auto& s : encoded_) left.push_back(std::move(s));
+    encoded_.clear();
+  }
+  for (auto& s : left) finish(*s, FinishReason::kError, "the server is shutting down");
+  encoding_ = 0;
 }
 
 std::string Scheduler::check_request(const GenerationRequest& r) const {
@@ -261,12 +318,27 @@ std::string Scheduler::check_request(const GenerationRequest& r) const {
 
 void Scheduler::take_new_requests() {
   std::deque<GenerationRequest> fresh;
+  std::deque<std::unique_ptr<Sequence>> encoded;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(queue_);
+    encoded.swap(encoded_);
     // They wait now: counted at once, so that submit() never sees them in neither place (the step publishes
     // the exact count when it ends).
-    stats_.waiting = static_cast<int64_t>(waiting_.size() + fresh.size());
+    stats_.waiting = static_cast<int64_t>(waiting_.size() + fresh.size()) + encoding_;
+  }
+  // Back from the encoder thread: they join the waiting queue (after the text requests that came while they
+  // were encoded), or fail.
+  for (auto& s : encoded) {
+    --encoding_;
+    if (s->encode_skipped) {
+      finish(*s, FinishReason::kCancelled);
+    } else if (!s->encode_error.empty()) {
+      finish(*s, FinishReason::kError, s->encode_error);
+    } else {
+      s->max_drafts = 0;  // the MTP head drafts at text positions only
+      waiting_.push_back(std::move(s));
+    }
   }
   for (auto& r : fresh) {
     auto s = std::make_unique<Sequence>();
@@ -285,20 +357,19 @@ void Scheduler::take_new_requests() {
       continue;
     }
     if (!s->req.images.empty()) {
-      // An encoder that throws (allocation failure) fails this request, not the others taken with it.
-      core::Expected<ImagePrompt> ip = core::Error{"images: the encoder failed"};
-      try {
-        ip = ImagePrompt::make(backend_, s->tokens, s->req.images);
-      } catch (const std::exception& ex) {
-        ip = core::Error{std::string("images: the encoder failed: ") + ex.what()};
-      }
-      if (!ip.is_ok()) {
-        finish(*s, FinishReason::kError, ip.message());
+      if (!backend_.vision()) {
+        finish(*s, FinishReason::kError, backend_.vision_error());
         continue;
       }
-      s->images = std::make_unique<ImagePrompt>(std::move(ip).value());
-      s->req.images.clear();  // the encoder's rows are all the sequence needs now
-      s->max_drafts = 0;      // the MTP head drafts at text positions only
+      // Encoded on the encoder thread, so that the running sequences keep stepping meanwhile.
+      if (!encoder_.joinable()) encoder_ = std::thread([this] { run_encoder(); });
+      ++encoding_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        to_encode_.push_back(std::move(s));
+      }
+      encode_cv_.notify_one();
+      continue;
     }
     waiting_.push_back(std::move(s));
   }

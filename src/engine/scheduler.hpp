@@ -105,6 +105,11 @@ class Scheduler {
   Scheduler(backend::Backend& backend, const SchedulerOptions& o);
   core::Status plan();
   void run();
+  // The image encoder's thread (started with the first request that has images): encodes the images of the
+  // sequences in to_encode_ while the engine thread keeps stepping the others, and hands them back through
+  // encoded_. The backend's encode_images runs there, concurrently with step().
+  void run_encoder();
+  void stop_encoder();
   // One step: admission, the batch, the backend, the draws. False when there was nothing to do.
   bool step_once();
   void take_new_requests();
@@ -140,10 +145,16 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order; preempted ones go back to the front
   uint64_t next_order_ = 0;
   std::vector<float> work_;  // host sampling scratch
+  int64_t encoding_ = 0;     // sequences handed to the encoder thread and not yet back
+  std::thread encoder_;      // started and joined by the engine thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<GenerationRequest> queue_;  // submitted, not yet taken by the engine thread
+  std::condition_variable encode_cv_;
+  std::deque<std::unique_ptr<Sequence>> to_encode_;  // waiting for the encoder thread
+  std::deque<std::unique_ptr<Sequence>> encoded_;    // back from it, for the engine thread to take
+  bool encoder_stop_ = false;
   bool stopping_ = false;
   std::atomic<bool> stop_now_{false};
   std::atomic<bool> abort_now_{false};

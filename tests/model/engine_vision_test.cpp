@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 
+#include "../engine_jobs.hpp"
 #include "../vision_goldens.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "engine/scheduler.hpp"
@@ -259,6 +260,76 @@ TEST_F(EngineVision, PlaceholdersThatDoNotMatchTheImagesFailTheRequest) {
   EXPECT_FALSE(o.error.empty());
   // The engine goes on serving.
   EXPECT_TRUE(run(ids, {image("rgb_67x45.png")}, 1, false).error.empty());
+}
+
+// Images are encoded on the encoder thread, not the engine thread: a text request submitted with (after) an
+// image request whose encoding takes a second or so (a 64 x 64 patch grid, 1,024 image tokens) is answered
+// before the image request's first token, and the image request's answer is what it is alone.
+TEST_F(EngineVision, ATextRequestIsNotHeldBehindAnImageBeingEncoded) {
+  sched_.reset();
+  auto st =
+      Scheduler::start(*backend_, {.max_model_len = 4096, .max_num_seqs = 4, .max_num_batched_tokens = 4096});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  sched_ = std::move(st).value();
+  const model::VisionConfig& vc = *backend_->vision();
+  ImageInput big;
+  big.grid = {1, 64, 64};
+  const int64_t patch_dim = vc.patch_dim();
+  big.pixel_values.resize(static_cast<size_t>(64 * 64 * patch_dim));
+  for (size_t i = 0; i < big.pixel_values.size(); ++i)
+    big.pixel_values[i] = static_cast<float>(static_cast<int64_t>(i * 2654435761u % 2001) - 1000) / 1000.f;
+  big.hash = image_content_hash(big.pixel_values, big.grid);
+  std::vector<int32_t> image_prompt = {11, 12, static_cast<int32_t>(vc.vision_start_token_id)};
+  image_prompt.insert(image_prompt.end(), static_cast<size_t>(64 * 64 / vc.merge_unit()),
+                      static_cast<int32_t>(vc.image_token_id));
+  image_prompt.push_back(static_cast<int32_t>(vc.vision_end_token_id));
+  image_prompt.push_back(13);
+
+  auto ch = std::make_shared<ResponseChannel>();
+  std::vector<GenerationRequest> reqs(2);
+  reqs[0].prompt = image_prompt;
+  reqs[0].images.push_back(big);
+  reqs[0].max_tokens = 2;
+  reqs[1].prompt = {21, 22, 23, 24};
+  reqs[1].max_tokens = 3;
+  for (int i = 0; i < 2; ++i) {
+    reqs[static_cast<size_t>(i)].channel = ch;
+    reqs[static_cast<size_t>(i)].choice = i;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(sched_->submit(std::move(reqs)), SubmitResult::kQueued);
+  std::vector<int> order;  // choices in the order their first event with tokens (or their end) came
+  std::vector<int32_t> image_ids;
+  std::vector<Event> evs;
+  int done = 0;
+  double text_done_s = 0, image_first_s = 0;
+  while (done < 2 && std::chrono::steady_clock::now() - t0 < 120s) {
+    if (!ch->wait(20ms, evs)) continue;
+    const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (auto& e : evs) {
+      if (e.choice == 0)
+        for (const auto& t : e.tokens) {
+          if (image_ids.empty()) image_first_s = at;
+          image_ids.push_back(t.id);
+        }
+      if (e.finished) {
+        ++done;
+        EXPECT_TRUE(e.error.empty()) << e.error;
+        if (e.choice == 1) text_done_s = at;
+        order.push_back(e.choice);
+      }
+    }
+  }
+  ASSERT_EQ(done, 2);
+  RecordProperty("text_done_s", std::to_string(text_done_s));
+  RecordProperty("image_first_token_s", std::to_string(image_first_s));
+  ASSERT_EQ(order, (std::vector<int>{1, 0}))
+      << "text finished at " << text_done_s << " s, the image's first token at " << image_first_s << " s";
+  EXPECT_LT(text_done_s, image_first_s);
+  expect_idle(*sched_);
+  // Alone, the image request answers the same.
+  const Outcome alone = run(image_prompt, {big}, 2, false);
+  EXPECT_EQ(alone.ids, image_ids);
 }
 
 // The default model (models/house) has a vision_config but no trained tower: a request with an image fails
