@@ -344,13 +344,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     bool keep = keep_alive_ && strcasecmp(res.header("Connection").c_str(), "close") != 0;
     const bool head_only = req.method == "HEAD";
+    // The logger (metrics) sees the request before its last bytes are queued, so a client that has its answer
+    // finds it counted.
+    auto log = [&] {
+      if (srv_.logger) srv_.logger(req, res);
+    };
     if (!res.producer) {
       std::string out = serialize_head(res, req.version, keep, res.body.size(), false);
       if (!head_only) out += res.body;
+      log();
       enqueue(std::move(out), true, keep);
     } else {
       const bool chunked = req.version >= 11;  // HTTP/1.0: the body ends when the connection closes
       if (!chunked) keep = false;
+      if (head_only) log();
       const bool head_out = enqueue(serialize_head(res, req.version, keep, 0, chunked), head_only, keep);
       if (!head_only) {
         bool complete = true;
@@ -362,13 +369,13 @@ class Session : public std::enable_shared_from_this<Session> {
             complete = false;  // the status is out already: cut the body short, the client sees it incomplete
           }
         }
+        log();
         if (complete)
           enqueue(chunked ? "0\r\n\r\n" : "", true, keep);
         else
           enqueue("", true, false);
       }
     }
-    if (srv_.logger) srv_.logger(req, res);
     res.producer = nullptr;  // what the producer holds (a generation) is released on this thread
   }
 
