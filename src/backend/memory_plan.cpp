@@ -8,11 +8,12 @@ namespace deltaflow::backend {
 namespace {
 
 // Constants of the CUDA backend the plan depends on (kLogitRows in cuda_backend.cpp, kGemvMaxRows in
-// gemv.cuh, kAttnSplitKeys in attention.cuh, kGemmWorkspace in cuda_backend.cpp, kGdnChunkLen in
-// gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
+// gemv.cuh, kAttnSplitKeys and kAttnMaxSplits in attention.cuh, kGemmWorkspace in cuda_backend.cpp,
+// kGdnChunkLen in gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
 constexpr int64_t kLogitRows = 256;
 constexpr int64_t kGemvMaxRows = 32;
 constexpr int64_t kAttnSplitKeys = 64;
+constexpr int64_t kAttnMaxSplits = 128;
 constexpr size_t kGemmWorkspace = 32u << 20;
 constexpr int64_t kGdnChunkLen = 64;
 constexpr int64_t kGroupedTileRows = 64;
@@ -102,7 +103,7 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim(), nv = c.linear_num_value_heads;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
-  const int64_t max_splits = (max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys;
+  const int64_t max_splits = std::min((max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys, kAttnMaxSplits);
   const int64_t R = std::max<int64_t>(opt.prefill_chunk, kGemvMaxRows);
   const int64_t E = c.is_moe() ? c.num_experts : 0, K = c.is_moe() ? c.num_experts_per_tok : 0;
   const int64_t Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;

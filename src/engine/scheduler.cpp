@@ -111,6 +111,7 @@ core::Status Scheduler::plan() {
   const auto& pools = backend_.pools();
   page_size_ = pools.page_size;
   max_model_len_ = std::min<int64_t>(g.model_len, pools.max_context);
+  len_from_pages_ = pools.max_context < g.model_len && pools.max_context >= pools.kv_pages * page_size_;
   pages_ = KvPages(pools.kv_pages);
   slots_ = StateSlots(pools.state_slots);
   use_cache_ = plan.prefix_cache;
@@ -309,7 +310,10 @@ std::string Scheduler::check_request(const GenerationRequest& r) const {
   const int64_t len = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (len > max_model_len_)
     return "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
-           std::to_string(r.max_tokens) + ") exceeds the model length " + std::to_string(max_model_len_);
+           std::to_string(r.max_tokens) + ") exceeds " +
+           (len_from_pages_ ? "the " + std::to_string(max_model_len_) +
+                                  " positions the KV pages hold (raise --kv-cache-gb)"
+                            : "the model length " + std::to_string(max_model_len_));
   if (ceil_div(len, page_size_) > pages_.total())
     return "prompt + max_tokens needs " + std::to_string(ceil_div(len, page_size_)) +
            " KV pages; the pool has " + std::to_string(pages_.total()) + " (raise --kv-cache-gb)";

@@ -134,6 +134,7 @@ class Scheduler {
   backend::Backend& backend_;
   SchedulerOptions opt_;
   int64_t max_model_len_ = 0;
+  bool len_from_pages_ = false;  // max_model_len_ is what the KV pool holds, less than asked
   int32_t page_size_ = 16;
   bool use_cache_ = false;
 

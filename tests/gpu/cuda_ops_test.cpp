@@ -607,13 +607,23 @@ TEST_F(CudaOps, AttentionPrefillAndDecodeEqualCpu) {
   }
 }
 
-// Decode over several sequences at once, each at its own length and slot.
+// Decode over several sequences at once, each at its own length and slot: in a cache of 700 positions (splits
+// of 64 keys), and in one of 20,000 (past 64 x kAttnMaxSplits, each token's splits grow with its position).
+void decode_batch_of_sequences(int64_t max_ctx, const std::vector<int>& lens, uint32_t seed);
+
 TEST_F(CudaOps, AttentionDecodeBatchOfSequences) {
-  std::mt19937 rng(19);
+  decode_batch_of_sequences(700, {1, 64, 65, 129, 700}, 19);  // incl. a full cache
+  EXPECT_EQ(cu::attention_max_splits(20000), cu::kAttnMaxSplits);
+  EXPECT_EQ(cu::attention_split_keys(8191, 128), 64);
+  EXPECT_EQ(cu::attention_split_keys(8192, 128), 80);
+  EXPECT_EQ(cu::attention_split_keys(19999, 128), 160);
+  decode_batch_of_sequences(20000, {1, 8192, 8193, 12345, 20000}, 23);
+}
+
+void decode_batch_of_sequences(int64_t max_ctx, const std::vector<int>& lens, uint32_t seed) {
+  std::mt19937 rng(seed);
   const AttnCase c{8, 2, 128};
   const int64_t nh = c.nh, nkv = c.nkv, hd = c.hd, qw = 2 * hd, Q = nh * qw + 2 * nkv * hd, rot = 32;
-  const int64_t max_ctx = 700;
-  const std::vector<int> lens = {1, 64, 65, 129, 700};  // keys seen by the decoded token, incl. a full cache
   const int n = static_cast<int>(lens.size()), slots = n;
   std::vector<float> inv_freq;
   for (int64_t i = 0; i < rot / 2; ++i)

@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
   const int grp = a.nh / a.nkv;
   const int t0 = blockIdx.x * qt, t1 = min(a.n_tokens, t0 + qt);
   const int npairs = (t1 - t0) * grp;
+  // Decode (split_keys 0): the split size of this block's token, from its own position.
+  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t0], a.max_splits);
   const int64_t kbeg = static_cast<int64_t>(sp) * split_keys;
   const int64_t kend = min64(kbeg + split_keys, static_cast<int64_t>(a.tok_pos[t1 - 1]) + 1);
   if (kbeg >= kend) return;  // past the sequence: the combine step does not read this split
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
 __global__ void kernel_attention_combine(AttnArgs a, int split_keys) {
   pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t], a.max_splits);
   const int ns = a.prefill ? 1 : (a.tok_pos[t] + split_keys) / split_keys;
   const int64_t at = (static_cast<int64_t>(t) * a.nh + h) * a.max_splits;
   float M = -INFINITY;
@@ -192,7 +195,7 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
     e = launch(kernel_attention<KvT, DPL, kPW>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
   } else {
     qt = 1;
-    split_keys = kAttnSplitKeys;
+    split_keys = 0;  // each token's own (attention_split_keys)
     grid = dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nkv),
                 static_cast<unsigned>(a.max_splits));
     if (grp <= kWarps) {

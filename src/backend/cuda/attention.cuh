@@ -47,8 +47,13 @@ struct QkvArgs {
 // position). hd <= 1024.
 cudaError_t qk_norm_rope_store(const QkvArgs& args, cudaStream_t stream);
 
-// Keys per split in decode: each block covers this many cache positions of one (sequence, kv head).
+// Keys per split in decode: each block covers at least this many cache positions of one (sequence, kv head),
+// and at most kAttnMaxSplits blocks share a sequence's keys. Up to 64 x 128 = 8192 positions the splits are
+// 64 keys; beyond, a token's splits grow with its own position (attention_split_keys), so the partials'
+// workspace stays [rows, nh, kAttnMaxSplits, hd] at any context and a row's numbers do not depend on the
+// others in its batch.
 inline constexpr int kAttnSplitKeys = 64;
+inline constexpr int kAttnMaxSplits = 128;
 
 struct AttnArgs {
   const float* q = nullptr;  // [tokens, nh, hd], normed and rotated
@@ -57,7 +62,7 @@ struct AttnArgs {
   const int* tok_pos = nullptr;   // [tokens]: token t sees cache positions 0..tok_pos[t]
   const int* tok_slot = nullptr;  // [tokens]
   // prefill: the tokens are one sequence at consecutive positions (blocks take tiles of queries, no split);
-  // decode: one token per sequence, keys split in kAttnSplitKeys chunks over max_splits blocks.
+  // decode: one token per sequence, keys split over max_splits blocks (attention_split_keys each).
   bool prefill = false;
   int max_splits = 1;
   float scale = 1.0f;
@@ -75,7 +80,16 @@ cudaError_t attention(const AttnArgs& args, cudaStream_t stream);
 
 // Splits a decode launch needs for a cache of max_ctx positions.
 inline int attention_max_splits(int64_t max_ctx) {
-  return static_cast<int>((max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys);
+  const int64_t n = (max_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys;
+  return static_cast<int>(n < kAttnMaxSplits ? n : kAttnMaxSplits);
+}
+
+// Keys per split of a decode token at position pos (it sees pos + 1 keys) over max_splits splits: at least
+// kAttnSplitKeys, a multiple of 16 (a key tile), and few enough splits to fit max_splits.
+__host__ __device__ inline int attention_split_keys(int pos, int max_splits) {
+  const int per = (pos + max_splits) / max_splits;  // ceil((pos + 1) / max_splits)
+  const int tiles = (per + 15) / 16 * 16;
+  return tiles > kAttnSplitKeys ? tiles : kAttnSplitKeys;
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -405,7 +405,8 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   Layout sizing(0, &w);
   DF_TRY(lay_out_weights(b->layout_config(), &w, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
                          b->layers_));
-  DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
+  DF_TRY(device_alloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256), "the weights",
+                      "this model needs a larger GPU, or more GPUs (--tensor-parallel-size)"));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), &w);
   DF_TRY(lay_out_weights(b->layout_config(), &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
@@ -426,7 +427,8 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   Layout sizing(0, nullptr);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_,
                          b->inv_freq_, b->layers_));
-  DF_CUDA_TRY(cudaMalloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256)));
+  DF_TRY(device_alloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256), "the weights",
+                      "this model needs a larger GPU, or more GPUs (--tensor-parallel-size)"));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, lay, b->embed_, b->lm_head_, b->final_norm_,
@@ -563,7 +565,8 @@ core::Status CudaBackend::plan_memory() {
   size_t total = 0;
   for (const auto& b : bufs) total = align_up(total, 256) + b.bytes;
   plan_.workspace = total;
-  DF_CUDA_TRY(cudaMalloc(&ws_mem_, total));
+  DF_TRY(device_alloc(&ws_mem_, total, "the activation workspace",
+                      "lower --max-num-batched-tokens or --max-model-len"));
   size_t off = 0;
   for (const auto& b : bufs) {
     off = align_up(off, 256);
@@ -613,7 +616,10 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
   const size_t kv_bytes = align_up(static_cast<size_t>(kv_units * kv_slot_) * kv_es, 256);
   plan_.states = conv_bytes + gdn_bytes;
   plan_.kv = 2 * kv_bytes;
-  DF_CUDA_TRY(cudaMalloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256)));
+  DF_TRY(device_alloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256),
+                      "the KV cache and recurrent states",
+                      "lower --kv-cache-gb, --max-num-seqs, --max-model-len or --prefix-cache-gb "
+                      "(`deltaflow inspect --gpu-memory GB` shows what fits)"));
   uint8_t* p = static_cast<uint8_t*>(state_mem_);
   conv_states_ = reinterpret_cast<float*>(p);
   gdn_states_ = reinterpret_cast<float*>(p + conv_bytes);
