@@ -58,13 +58,26 @@ struct Work {
   std::string error;
 };
 
-// Runs `work` through the engine, at most `concurrency` in flight.
+// Runs `work` through the engine, at most `concurrency` in flight. Every 30 s a progress line goes to stderr
+// (requests finished, output tokens so far), so a run cut short by a time limit still says how far it got.
 core::Status drive(engine::Scheduler& s, std::vector<Work>& work, int concurrency) {
   auto ch = std::make_shared<engine::ResponseChannel>();
   size_t next = 0, finished = 0;
   int inflight = 0;
+  int64_t out_tokens = 0, in_tokens_done = 0;
   std::vector<engine::Event> events;
+  const auto start = Clock::now();
+  auto report_at = start + std::chrono::seconds(30);
   while (finished < work.size()) {
+    if (Clock::now() >= report_at) {
+      const double t = std::chrono::duration<double>(Clock::now() - start).count();
+      std::fprintf(stderr,
+                   "bench: %.0f s: %zu of %zu requests finished, %lld output tokens (%.0f tok/s), "
+                   "%lld prompt tokens of finished requests\n",
+                   t, finished, work.size(), static_cast<long long>(out_tokens),
+                   static_cast<double>(out_tokens) / t, static_cast<long long>(in_tokens_done));
+      report_at += std::chrono::seconds(30);
+    }
     while (inflight < concurrency && next < work.size()) {
       engine::GenerationRequest r;
       r.prompt = work[next].prompt;
@@ -87,9 +100,11 @@ core::Status drive(engine::Scheduler& s, std::vector<Work>& work, int concurrenc
         if (!w.first) w.first = now;
         w.last = now;
         w.tokens += static_cast<int64_t>(e.tokens.size());
+        out_tokens += static_cast<int64_t>(e.tokens.size());
       }
       if (e.finished) {
         w.done = true;
+        in_tokens_done += static_cast<int64_t>(w.prompt.size());
         w.cached = e.cached_tokens;
         if (e.finish == engine::FinishReason::kError) return core::Error{"a request failed: " + e.error};
         ++finished;
