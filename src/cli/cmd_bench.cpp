@@ -278,6 +278,10 @@ int cmd_bench(const Argv& argv) {
       std::any_of(argv.begin(), argv.end(),
                   [](const std::string& a) { return a.rfind("--requests=", 0) == 0; }))
     return cmd_bench_serving(argv);
+  // --images: the vision encoder (cmd_bench_images.cpp; any backend with one).
+  if (std::any_of(argv.begin(), argv.end(),
+                  [](const std::string& a) { return a == "--images" || a.rfind("--images=", 0) == 0; }))
+    return cmd_bench_images(argv);
 #ifndef DELTAFLOW_HAVE_CUDA
   (void)argv;
   return fail(cmd, "this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)");

@@ -88,7 +88,8 @@ const std::map<std::string, Help>& table() {
       {"bench",
        {"deltaflow bench (--synthetic CONFIG.json | --model DIR) [options]",
         "GPU decode and prefill speed against measured rooflines (needs a CUDA build and a GPU).\n"
-        "With --requests N: the serving benchmark through the engine ('deltaflow bench --requests --help').",
+        "With --requests N: the serving benchmark through the engine ('deltaflow bench --requests --help');\n"
+        "with --images N: the vision encoder ('deltaflow bench --images --help').",
         {{"--synthetic CONFIG.json", "random weights in the shape of this config.json"},
          {"--model DIR", "a real checkpoint instead"},
          {"--batches LIST", "decode batch sizes (default 1,8,32)"},
@@ -116,6 +117,15 @@ const std::map<std::string, Help>& table() {
               {"--seed S", "prompts (and --synthetic weights) seed (default 1)"},
               kJson},
              engine_flags())}},
+      {"bench --images",
+       {"deltaflow bench --images N [--image-size HxW] [--model DIR] [--device D] [--json]",
+        "The vision encoder: one synthetic image through the image processor, then the encoder alone and N "
+        "copies in one call (images per second).",
+        {{"--images N", "images encoded together (this mode; default 16)"},
+         {"--image-size HxW", "the image in pixels before the processor resizes it (default 1024x1024)"},
+         kModel,
+         kDevice,
+         kJson}}},
       {"chat",
        {"deltaflow chat [--model DIR] [--system TEXT] [options]",
         "Interactive chat with the model's chat template. Ctrl-C ends the turn, Ctrl-D or /exit quits.",

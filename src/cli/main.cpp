@@ -63,9 +63,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (deltaflow::cli::wants_help(argc - 2, argv + 2)) {
-    bool serving = false;  // bench --requests: the serving benchmark's own flags
-    for (int i = 2; i < argc; ++i) serving = serving || std::string(argv[i]).rfind("--requests", 0) == 0;
-    deltaflow::cli::print_help(name == "bench" && serving ? "bench --requests" : name, stdout);
+    // bench --requests and bench --images: those modes' own flags.
+    std::string topic = name;
+    for (int i = 2; i < argc && name == "bench"; ++i) {
+      const std::string a = argv[i];
+      if (a.rfind("--requests", 0) == 0) topic = "bench --requests";
+      if (a.rfind("--images", 0) == 0) topic = "bench --images";
+    }
+    deltaflow::cli::print_help(topic, stdout);
     return 0;
   }
   deltaflow::cli::Argv args(argv + 2, argv + argc);
