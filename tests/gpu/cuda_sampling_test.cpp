@@ -365,92 +365,68 @@ TEST(CudaSampling, BackendDecodeSample) {
   EXPECT_EQ(run(spec_of(1.2f, 40, 0.95f, 0.0f, 99), 12, false), a);
 }
 
-// CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints), on every preset.
-TEST(CudaMemoryPlan, EqualsTheEstimate) {
-  ASSERT_TRUE(gpu_test::have_gpu());
-  for (const auto& preset : model::tiny_presets()) {
-    for (bool exact : {false, true}) {
-      SCOPED_TRACE(preset + (exact ? " exact" : " fast"));
-      const auto dir = (std::filesystem::temp_directory_path() /
-                        ("df_cuda_memory_plan_" + preset + "_" + std::to_string(::getpid())))
-                           .string();
-      ASSERT_TRUE(model::write_tiny_checkpoint(preset, 1, dir).is_ok());
-      backend::cuda::CudaOptions opt;
-      opt.max_sequences = 3;
-      opt.max_context = 200;
-      opt.prefill_chunk = 96;
-      opt.exact = exact;
-      auto cuda = backend::cuda::CudaBackend::load(dir, opt);
-      auto ck = io::Checkpoint::open(dir);
-      ASSERT_TRUE(ck.is_ok()) << ck.message();
-      ASSERT_TRUE(cuda.is_ok()) << cuda.message();
-      auto w = model::bind_weights((*cuda)->config(), *ck);
-      ASSERT_TRUE(w.is_ok()) << w.message();
-      backend::MemoryPlanOptions po;
-      po.max_sequences = opt.max_sequences;
-      po.max_context = opt.max_context;
-      po.prefill_chunk = opt.prefill_chunk;
-      po.exact = exact;
-      po.matrix_dtype = w->embed_tokens.dtype;
-      const auto want = backend::estimate_memory_plan((*cuda)->config(), po);
-      const auto& got = (*cuda)->memory_plan();
-      EXPECT_EQ(got.weights, want.weights);
-      EXPECT_EQ(got.kv, want.kv);
-      EXPECT_EQ(got.states, want.states);
-      EXPECT_EQ(got.workspace, want.workspace);
-      EXPECT_EQ(got.slots, want.slots);
-      EXPECT_EQ(got.max_context, want.max_context);
-      EXPECT_EQ(got.kv_f32, want.kv_f32);
-      cuda->reset();
-      std::filesystem::remove_all(dir);
-    }
-  }
-}
-
-// The same with the engine's pools (allocate_pools): paged KV and the state slots the engine asks for.
-TEST(CudaMemoryPlan, EnginePoolsEqualTheEstimate) {
-  ASSERT_TRUE(gpu_test::have_gpu());
-  for (const auto& preset : model::tiny_presets()) {
-    SCOPED_TRACE(preset);
-    const auto dir = (std::filesystem::temp_directory_path() /
-                      ("df_cuda_pool_plan_" + preset + "_" + std::to_string(::getpid())))
-                         .string();
-    ASSERT_TRUE(model::write_tiny_checkpoint(preset, 1, dir).is_ok());
-    backend::cuda::CudaOptions opt;
-    opt.max_context = 300;
-    opt.prefill_chunk = 128;
-    opt.engine_pools = true;
-    auto cuda = backend::cuda::CudaBackend::load(dir, opt);
-    ASSERT_TRUE(cuda.is_ok()) << cuda.message();
+// CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints), on every preset:
+// the per-sequence layout (fast and exact), and the engine's pools (allocate_pools: paged KV and the state
+// slots the engine asks for).
+void expect_plan_equals_estimate(const std::string& preset, bool exact, bool engine_pools) {
+  SCOPED_TRACE(preset + (exact ? " exact" : " fast") + (engine_pools ? " engine pools" : ""));
+  const auto dir = (std::filesystem::temp_directory_path() /
+                    ("df_cuda_memory_plan_" + preset + "_" + std::to_string(::getpid())))
+                       .string();
+  ASSERT_TRUE(model::write_tiny_checkpoint(preset, 1, dir).is_ok());
+  backend::cuda::CudaOptions opt;
+  opt.max_sequences = 3;
+  opt.max_context = 200;
+  opt.prefill_chunk = 96;
+  opt.exact = exact;
+  opt.engine_pools = engine_pools;
+  auto cuda = backend::cuda::CudaBackend::load(dir, opt);
+  ASSERT_TRUE(cuda.is_ok()) << cuda.message();
+  backend::MemoryPlanOptions po;
+  backend::Pools pools;
+  if (engine_pools) {
     backend::PoolRequest req;
     req.kv_pages = 37;
     req.state_slots = 6;
-    req.max_step_rows = 128;
+    req.max_step_rows = 96;
     req.max_step_seqs = 6;
-    backend::Pools pools;
     ASSERT_TRUE((*cuda)->allocate_pools(req, pools).is_ok());
-    auto ck = io::Checkpoint::open(dir);
-    ASSERT_TRUE(ck.is_ok()) << ck.message();
-    auto w = model::bind_weights((*cuda)->config(), *ck);
-    ASSERT_TRUE(w.is_ok()) << w.message();
-    backend::MemoryPlanOptions po;
     po.kv_pages = req.kv_pages;
     po.state_slots = req.state_slots;
-    po.max_context = opt.max_context;
-    po.prefill_chunk = opt.prefill_chunk;
-    po.matrix_dtype = w->embed_tokens.dtype;
-    const auto want = backend::estimate_memory_plan((*cuda)->config(), po);
-    const auto& got = (*cuda)->memory_plan();
-    EXPECT_EQ(got.weights, want.weights);
-    EXPECT_EQ(got.kv, want.kv);
-    EXPECT_EQ(got.states, want.states);
-    EXPECT_EQ(got.workspace, want.workspace);
-    EXPECT_EQ(got.slots, want.slots);
-    EXPECT_EQ(got.kv_pages, want.kv_pages);
+  }
+  auto ck = io::Checkpoint::open(dir);
+  ASSERT_TRUE(ck.is_ok()) << ck.message();
+  auto w = model::bind_weights((*cuda)->config(), *ck);
+  ASSERT_TRUE(w.is_ok()) << w.message();
+  po.max_sequences = opt.max_sequences;
+  po.max_context = opt.max_context;
+  po.prefill_chunk = opt.prefill_chunk;
+  po.exact = exact;
+  po.matrix_dtype = w->embed_tokens.dtype;
+  const auto want = backend::estimate_memory_plan((*cuda)->config(), po);
+  const auto& got = (*cuda)->memory_plan();
+  EXPECT_EQ(got.weights, want.weights);
+  EXPECT_EQ(got.kv, want.kv);
+  EXPECT_EQ(got.states, want.states);
+  EXPECT_EQ(got.workspace, want.workspace);
+  EXPECT_EQ(got.slots, want.slots);
+  EXPECT_EQ(got.max_context, want.max_context);
+  EXPECT_EQ(got.kv_f32, want.kv_f32);
+  EXPECT_EQ(got.kv_pages, want.kv_pages);
+  if (engine_pools) {
     EXPECT_EQ(pools.page_bytes, want.kv_page_bytes);
     EXPECT_EQ(pools.slot_bytes, want.state_bytes_per_sequence);
-    cuda->reset();
-    std::filesystem::remove_all(dir);
+  }
+  cuda->reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CudaMemoryPlan, EqualsTheEstimate) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  for (const auto& preset : model::tiny_presets()) {
+    expect_plan_equals_estimate(preset, false, false);
+    expect_plan_equals_estimate(preset, true, false);
+    expect_plan_equals_estimate(preset, false, true);
   }
 }
 
