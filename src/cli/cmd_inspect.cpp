@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "backend/memory_plan.hpp"
@@ -39,9 +41,9 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
               "  (" + std::to_string(p.kv_pages) + " pages: " + std::to_string(pools.running_pages) +
                   " running, " + std::to_string(pools.cache_pages) + " prefix cache, 1 scratch)");
   const int64_t pages_per_seq = (p.max_context + backend::kCudaPageSize - 1) / backend::kCudaPageSize;
-  std::printf("  %-18s %lld sequences of %lld positions at once%s\n",
-              "running pages hold:", static_cast<long long>(pools.running_pages / pages_per_seq), len,
-              o.kv_cache_gb > 0 ? " (--kv-cache-gb)" : "");
+  const long long held = static_cast<long long>(pools.running_pages / pages_per_seq);
+  std::printf("  %-18s %lld sequence%s of %lld positions at once%s\n", "running pages hold:", held,
+              held == 1 ? "" : "s", len, o.kv_cache_gb > 0 ? " (--kv-cache-gb)" : "");
   std::printf("  %-18s %14llu bytes\n",
               "state per seq:", static_cast<unsigned long long>(p.state_bytes_per_sequence));
   print_bytes("recurrent states:", p.states,
@@ -116,10 +118,22 @@ int cmd_inspect(const Argv& argv) {
   const std::string dir = args->positionals()[0];
   auto config = model::load_text_config(dir);
   if (!config) return fail(cmd, config.message());
-  auto ck = io::Checkpoint::open(dir);
-  if (!ck) return fail(cmd, ck.message());
-  auto w = model::bind_weights(*config, *ck);
-  if (!w) return fail(cmd, w.message());
+  // A folder with config.json and no weight files (the config alone, downloaded to plan before the weights):
+  // the summary and the memory plan, counting bf16 weights.
+  bool has_weights = false;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    has_weights = has_weights || e.path().extension() == ".safetensors";
+  std::optional<io::Checkpoint> ck;
+  std::optional<model::ModelWeights> w;
+  if (has_weights) {
+    auto opened = io::Checkpoint::open(dir);
+    if (!opened) return fail(cmd, opened.message());
+    ck = std::move(opened).value();
+    auto bound = model::bind_weights(*config, *ck);
+    if (!bound) return fail(cmd, bound.message());
+    w = std::move(bound).value();
+  }
   const auto& c = *config;
   auto eng = parse_engine_options(*args);
   if (!eng) return fail(cmd, eng.message());
@@ -134,7 +148,7 @@ int cmd_inspect(const Argv& argv) {
   plan_opt.max_context = eng->max_model_len;
   plan_opt.prefill_chunk = std::max<int64_t>(plan_opt.prefill_chunk, eng->max_num_batched_tokens);
   plan_opt.exact = args->has("--exact");
-  plan_opt.matrix_dtype = w->embed_tokens.dtype;
+  plan_opt.matrix_dtype = w ? w->embed_tokens.dtype : core::DType::kBF16;
   const auto unit = backend::estimate_memory_plan(c, plan_opt);
   engine::PoolGeometry geo;
   geo.model_len = unit.max_context;
@@ -150,12 +164,13 @@ int cmd_inspect(const Argv& argv) {
   for (auto t : c.layer_types) pattern += t == model::LayerType::kFullAttention ? 'F' : 'L';
   std::map<std::string, std::pair<size_t, uint64_t>> formats;  // dtype -> (tensors, bytes)
   uint64_t total_bytes = 0;
-  for (const auto& t : ck->tensors()) {
-    auto& f = formats[std::string(core::dtype_name(t.dtype))];
-    ++f.first;
-    f.second += t.nbytes;
-    total_bytes += t.nbytes;
-  }
+  if (ck)
+    for (const auto& t : ck->tensors()) {
+      auto& f = formats[std::string(core::dtype_name(t.dtype))];
+      ++f.first;
+      f.second += t.nbytes;
+      total_bytes += t.nbytes;
+    }
   std::printf("model:          %s\n", dir.c_str());
   std::printf("architecture:   %s (model_type %s%s)\n", model::architecture_name(c.architecture),
               c.model_type.c_str(), c.multimodal_layout ? ", multimodal layout" : "");
@@ -179,6 +194,12 @@ int cmd_inspect(const Argv& argv) {
   else
     std::printf("ffn:            SwiGLU %lld\n", static_cast<long long>(c.intermediate_size));
   std::printf("embeddings:     %s\n", c.tie_word_embeddings ? "tied" : "untied lm_head");
+  if (!w) {
+    std::printf("checkpoint:     config.json only (no .safetensors here): the plan counts bf16 weights\n");
+    print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, plan_opt.matrix_dtype,
+                      *gpu_gb);
+    return 0;
+  }
   std::printf("parameters:     %lld (text model)\n", static_cast<long long>(w->parameter_count));
   std::printf("text bytes:     %llu\n", static_cast<unsigned long long>(w->bytes));
   std::printf("checkpoint:     %zu tensors, %llu bytes; vision tensors %zu\n", ck->tensors().size(),

@@ -1,6 +1,7 @@
 """`deltaflow inspect DIR` prints the CUDA backend's memory plan for the engine that serve's flags would start
 (engine/pool_plan.cpp sizes the pools, backend/memory_plan.cpp the bytes), on any machine."""
 import os
+import shutil
 import re
 
 from conftest import FIXTURES, run
@@ -94,3 +95,17 @@ def test_bad_flags_are_errors():
         assert p.returncode != 0
         assert flags[0] in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_config_only_plans_before_the_weights(tmp_path):
+    """A folder with only config.json (Qwen3.6-27B's): the summary and the plan, counting bf16 weights."""
+    shutil.copy(os.path.join(os.path.dirname(FIXTURES), "..", "bench", "configs", "qwen3.6-27b.json"),
+                tmp_path / "config.json")
+    out, f = plan("--max-model-len", 262144, "--max-num-seqs", 2, "--gpu-memory", 141, model=str(tmp_path))
+    assert "config.json only" in out and "64 (48 linear_attention + 16 full_attention)" in out
+    assert f["weights"] == 53786705920 + 10588416  # tests/unit/backend_memory_plan_test.cpp, by hand
+    assert f["kv per token"] == 65536 and f["state per seq"] == 156893184
+    assert "running pages hold: 1 sequence of 262144 positions at once" in out
+    m = re.search(r"sequences that fit:\s+(\d+) sequences of 262144 positions", out)
+    fixed = f["weights"] + f["workspace"] + (f["cache pages"] + 1) * (1 << 20) + (f["cache slots"] + 1) * 156893184
+    assert int(m.group(1)) == (141 * 10**9 - fixed) // (16384 * (1 << 20) + 156893184) == 4
