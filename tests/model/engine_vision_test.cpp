@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "../engine_jobs.hpp"
 #include "../vision_goldens.hpp"
@@ -330,6 +331,44 @@ TEST_F(EngineVision, ATextRequestIsNotHeldBehindAnImageBeingEncoded) {
   // Alone, the image request answers the same.
   const Outcome alone = run(image_prompt, {big}, 2, false);
   EXPECT_EQ(alone.ids, image_ids);
+}
+
+// Stopping the engine while an image is being encoded (or waits for the encoder) ends every request with a
+// final event, at once after the encode in flight: nothing hangs, nothing is left.
+TEST_F(EngineVision, StoppingWhileImagesAreEncodedFinishesEveryRequest) {
+  sched_.reset();
+  auto st =
+      Scheduler::start(*backend_, {.max_model_len = 4096, .max_num_seqs = 4, .max_num_batched_tokens = 4096});
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  sched_ = std::move(st).value();
+  const model::VisionConfig& vc = *backend_->vision();
+  ImageInput big;
+  big.grid = {1, 32, 32};
+  big.pixel_values.assign(static_cast<size_t>(32 * 32 * vc.patch_dim()), 0.25f);
+  big.hash = image_content_hash(big.pixel_values, big.grid);
+  std::vector<int32_t> prompt = {11, static_cast<int32_t>(vc.vision_start_token_id)};
+  prompt.insert(prompt.end(), static_cast<size_t>(32 * 32 / vc.merge_unit()),
+                static_cast<int32_t>(vc.image_token_id));
+  prompt.push_back(static_cast<int32_t>(vc.vision_end_token_id));
+  auto ch = std::make_shared<ResponseChannel>();
+  std::vector<GenerationRequest> reqs(3);
+  for (int i = 0; i < 3; ++i) {
+    reqs[static_cast<size_t>(i)].prompt = prompt;
+    reqs[static_cast<size_t>(i)].images.push_back(big);
+    reqs[static_cast<size_t>(i)].max_tokens = 2;
+    reqs[static_cast<size_t>(i)].channel = ch;
+    reqs[static_cast<size_t>(i)].choice = i;
+  }
+  ASSERT_EQ(sched_->submit(std::move(reqs)), SubmitResult::kQueued);
+  std::this_thread::sleep_for(50ms);  // the first is being encoded, the others wait for the encoder
+  const auto t0 = std::chrono::steady_clock::now();
+  sched_->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);  // one encode at most (seconds under TSan)
+  std::vector<Event> evs;
+  int finished = 0;
+  while (ch->wait(10ms, evs))
+    for (const auto& e : evs) finished += e.finished ? 1 : 0;
+  EXPECT_EQ(finished, 3);
 }
 
 // The default model (models/house) has a vision_config but no trained tower: a request with an image fails
