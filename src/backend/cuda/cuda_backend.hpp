@@ -151,7 +151,7 @@ class CudaBackend final : public SequenceBackend {
   // The engine's pools (cuda_pools.cpp): state slots and KV pages of kPageSize positions, each slot's KV
   // addressed through its block table (uploaded by bind where it changed). Not with tensor parallelism.
   static constexpr int32_t kPageSize = kCudaPageSize;  // memory_plan.hpp, what `inspect` plans with
-  static constexpr int64_t kLogitRows = 256;  // lm_head rows per pass (the logits buffer)
+  static constexpr int64_t kLogitRows = 256;           // lm_head rows per pass (the logits buffer)
   bool can_page() const override { return opt_.collective == nullptr; }
   bool prefill_snapshots() const override { return true; }
   // cuda_step.cpp: steps of several runs, or of prefill and decode rows together, that fit one pass.
