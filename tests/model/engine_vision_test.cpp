@@ -103,6 +103,36 @@ class EngineVision : public ::testing::Test {
     in.hash = image_content_hash(in.pixel_values, in.grid);
     return in;
   }
+  // A scheduler for large images (4,096 positions).
+  void start_large() {
+    sched_.reset();
+    auto st = Scheduler::start(*backend_,
+                               {.max_model_len = 4096, .max_num_seqs = 4, .max_num_batched_tokens = 4096});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    sched_ = std::move(st).value();
+  }
+  // A side x side patch grid of patterned pixel values (the encoder's time does not depend on them), and a
+  // prompt `before`, <|vision_start|>, its placeholders, <|vision_end|>, `after`.
+  ImageInput grid_image(int64_t side) const {
+    const model::VisionConfig& vc = *backend_->vision();
+    ImageInput im;
+    im.grid = {1, side, side};
+    im.pixel_values.resize(static_cast<size_t>(side * side * vc.patch_dim()));
+    for (size_t i = 0; i < im.pixel_values.size(); ++i)
+      im.pixel_values[i] = static_cast<float>(static_cast<int64_t>(i * 2654435761u % 2001) - 1000) / 1000.f;
+    im.hash = image_content_hash(im.pixel_values, im.grid);
+    return im;
+  }
+  std::vector<int32_t> grid_prompt(int64_t side, std::vector<int32_t> before,
+                                   const std::vector<int32_t>& after) const {
+    const model::VisionConfig& vc = *backend_->vision();
+    before.push_back(static_cast<int32_t>(vc.vision_start_token_id));
+    before.insert(before.end(), static_cast<size_t>(side * side / vc.merge_unit()),
+                  static_cast<int32_t>(vc.image_token_id));
+    before.push_back(static_cast<int32_t>(vc.vision_end_token_id));
+    before.insert(before.end(), after.begin(), after.end());
+    return before;
+  }
   struct Ask {
     std::vector<int32_t> prompt;
     std::vector<ImageInput> images;
@@ -267,24 +297,9 @@ TEST_F(EngineVision, PlaceholdersThatDoNotMatchTheImagesFailTheRequest) {
 // image request whose encoding takes a second or so (a 64 x 64 patch grid, 1,024 image tokens) is answered
 // before the image request's first token, and the image request's answer is what it is alone.
 TEST_F(EngineVision, ATextRequestIsNotHeldBehindAnImageBeingEncoded) {
-  sched_.reset();
-  auto st =
-      Scheduler::start(*backend_, {.max_model_len = 4096, .max_num_seqs = 4, .max_num_batched_tokens = 4096});
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  sched_ = std::move(st).value();
-  const model::VisionConfig& vc = *backend_->vision();
-  ImageInput big;
-  big.grid = {1, 64, 64};
-  const int64_t patch_dim = vc.patch_dim();
-  big.pixel_values.resize(static_cast<size_t>(64 * 64 * patch_dim));
-  for (size_t i = 0; i < big.pixel_values.size(); ++i)
-    big.pixel_values[i] = static_cast<float>(static_cast<int64_t>(i * 2654435761u % 2001) - 1000) / 1000.f;
-  big.hash = image_content_hash(big.pixel_values, big.grid);
-  std::vector<int32_t> image_prompt = {11, 12, static_cast<int32_t>(vc.vision_start_token_id)};
-  image_prompt.insert(image_prompt.end(), static_cast<size_t>(64 * 64 / vc.merge_unit()),
-                      static_cast<int32_t>(vc.image_token_id));
-  image_prompt.push_back(static_cast<int32_t>(vc.vision_end_token_id));
-  image_prompt.push_back(13);
+  start_large();
+  const ImageInput big = grid_image(64);
+  const std::vector<int32_t> image_prompt = grid_prompt(64, {11, 12}, {13});
 
   auto ch = std::make_shared<ResponseChannel>();
   std::vector<GenerationRequest> reqs(2);
@@ -336,20 +351,9 @@ TEST_F(EngineVision, ATextRequestIsNotHeldBehindAnImageBeingEncoded) {
 // Stopping the engine while an image is being encoded (or waits for the encoder) ends every request with a
 // final event, at once after the encode in flight: nothing hangs, nothing is left.
 TEST_F(EngineVision, StoppingWhileImagesAreEncodedFinishesEveryRequest) {
-  sched_.reset();
-  auto st =
-      Scheduler::start(*backend_, {.max_model_len = 4096, .max_num_seqs = 4, .max_num_batched_tokens = 4096});
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  sched_ = std::move(st).value();
-  const model::VisionConfig& vc = *backend_->vision();
-  ImageInput big;
-  big.grid = {1, 32, 32};
-  big.pixel_values.assign(static_cast<size_t>(32 * 32 * vc.patch_dim()), 0.25f);
-  big.hash = image_content_hash(big.pixel_values, big.grid);
-  std::vector<int32_t> prompt = {11, static_cast<int32_t>(vc.vision_start_token_id)};
-  prompt.insert(prompt.end(), static_cast<size_t>(32 * 32 / vc.merge_unit()),
-                static_cast<int32_t>(vc.image_token_id));
-  prompt.push_back(static_cast<int32_t>(vc.vision_end_token_id));
+  start_large();
+  const ImageInput big = grid_image(32);
+  const std::vector<int32_t> prompt = grid_prompt(32, {11}, {});
   auto ch = std::make_shared<ResponseChannel>();
   std::vector<GenerationRequest> reqs(3);
   for (int i = 0; i < 3; ++i) {
