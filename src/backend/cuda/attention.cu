@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kv_cache.cuh"
@@ -47,10 +49,22 @@ __global__ void kernel_qk_norm_rope(QkvArgs a) {
     a.q_out[(static_cast<int64_t>(t) * a.nh + hh) * a.hd + i] = y;
     return;
   }
-  const int64_t at = kv_offset(a.cache, a.tok_slot[t], kvh, pos, a.hd) + i;
-  static_cast<KvT*>(a.cache.k)[at] = from_f32<KvT>(y);
+  const int64_t base = kv_offset(a.cache, a.tok_slot[t], kvh, pos, a.hd);
   const float v = row[static_cast<int64_t>(a.nh) * qw + static_cast<int64_t>(a.nkv) * a.hd + kvh * a.hd + i];
-  static_cast<KvT*>(a.cache.v)[at] = from_f32<KvT>(v);
+  if constexpr (std::is_same_v<KvT, Fp8E4m3>) {
+    // One scale per (position, kv head) row: amax / 448; an all-zero (or NaN) row stores zeros, scale 1.
+    const float2 amax = block_max2(fabsf(y), fabsf(v), buf);
+    const float ks = amax.x > 0.0f ? amax.x / 448.0f : 1.0f, vs = amax.y > 0.0f ? amax.y / 448.0f : 1.0f;
+    static_cast<uint8_t*>(a.cache.k)[base + i] = amax.x > 0.0f ? fp8_code(y, ks) : 0;
+    static_cast<uint8_t*>(a.cache.v)[base + i] = amax.y > 0.0f ? fp8_code(v, vs) : 0;
+    if (i == 0) {
+      a.cache.k_scale[base / a.hd] = ks;
+      a.cache.v_scale[base / a.hd] = vs;
+    }
+  } else {
+    static_cast<KvT*>(a.cache.k)[base + i] = from_f32<KvT>(y);
+    static_cast<KvT*>(a.cache.v)[base + i] = from_f32<KvT>(v);
+  }
 }
 
 // Block (query tile, kv head, key split). The block's (query, head) pairs share the kv head; warp w takes
@@ -111,6 +125,14 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
         const uint4 vr = *reinterpret_cast<const uint4*>(V + static_cast<int64_t>(vi) * kPerVec);
         unpack16(kr, kf, KvT{});
         unpack16(vr, vf, KvT{});
+        if constexpr (std::is_same_v<KvT, Fp8E4m3>) {  // code * its row's scale, as the CPU reads it
+          const float ks = a.cache.k_scale[tile / kHd + r], vs = a.cache.v_scale[tile / kHd + r];
+#pragma unroll
+          for (int c = 0; c < kPerVec; ++c) {
+            kf[c] *= ks;
+            vf[c] *= vs;
+          }
+        }
       } else {
 #pragma unroll
         for (int c = 0; c < kPerVec; ++c) kf[c] = vf[c] = 0.0f;
@@ -179,6 +201,12 @@ __global__ void kernel_attention_combine(AttnArgs a, int split_keys) {
   a.out[static_cast<int64_t>(t) * a.nh * a.hd + static_cast<int64_t>(h) * a.hd + d] = o;
 }
 
+cudaError_t combine(const AttnArgs& a, int split_keys, cudaStream_t s) {
+  return launch(kernel_attention_combine,
+                dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh)), dim3(a.hd), 0, s, a,
+                split_keys);
+}
+
 template <class KvT, int DPL>
 cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
   const int grp = a.nh / a.nkv;
@@ -209,9 +237,44 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
     }
   }
   if (e != cudaSuccess) return e;
-  return launch(kernel_attention_combine,
-                dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh)), dim3(a.hd), 0, s, a,
-                split_keys);
+  return combine(a, split_keys, s);
+}
+
+// The prefill's keys of an fp8 cache as bf16 (code * scale, rounded to nearest even) in the contiguous
+// scratch k [nkv][cap][hd], v after it: positions 0..tok_pos[last] of slot tok_slot[0], thread per 8
+// elements.
+__global__ void kernel_dequant_kv(AttnArgs a, __nv_bfloat16* dk, __nv_bfloat16* dv, int64_t cap) {
+  pdl_enter();
+  const int64_t kend = min64(static_cast<int64_t>(a.tok_pos[a.n_tokens - 1]) + 1, cap);
+  const int row = a.tok_slot[0];
+  const int per_row = a.hd / 8;
+  const int64_t total = kend * a.nkv * per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % per_row);
+    const int64_t pr = i / per_row;
+    const int kvh = static_cast<int>(pr % a.nkv), pos = static_cast<int>(pr / a.nkv);
+    const int64_t off = kv_offset(a.cache, row, kvh, pos, a.hd);
+    const int64_t to = (static_cast<int64_t>(kvh) * cap + pos) * a.hd + c * 8;
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint8_t* src = static_cast<const uint8_t*>(kv ? a.cache.v : a.cache.k) + off + c * 8;
+      const float sc = (kv ? a.cache.v_scale : a.cache.k_scale)[off / a.hd];
+      const uint2 codes = *reinterpret_cast<const uint2*>(src);
+      const uint32_t w[2] = {codes.x, codes.y};
+      uint32_t out[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w[j / 2] >> (16 * (j & 1))), __NV_E4M3);
+        __half2 hh;
+        memcpy(&hh, &h, 4);
+        const float2 f = __half22float2(hh);
+        const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * sc, f.y * sc);
+        memcpy(&out[j], &b, 4);
+      }
+      *reinterpret_cast<uint4*>((kv ? dv : dk) + to) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+  }
 }
 
 template <class KvT>
@@ -237,6 +300,10 @@ cudaError_t qk_norm_rope_store(const QkvArgs& a, cudaStream_t stream) {
   if (a.hd <= 0 || a.hd > 1024 || a.rot > a.hd || a.rot % 2 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nh + a.nkv));
   if (a.cache.f32) return launch(kernel_qk_norm_rope<float>, grid, dim3(a.hd), 0, stream, a);
+  if (a.cache.fp8) {
+    if (!a.cache.k_scale || !a.cache.v_scale) return cudaErrorInvalidValue;
+    return launch(kernel_qk_norm_rope<Fp8E4m3>, grid, dim3(a.hd), 0, stream, a);
+  }
   return launch(kernel_qk_norm_rope<__nv_bfloat16>, grid, dim3(a.hd), 0, stream, a);
 }
 
@@ -246,12 +313,29 @@ cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
   if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535)) return cudaErrorInvalidValue;
   if (a.cache.block_table && (a.cache.page_shift < 4 || a.cache.page_shift > 20))
     return cudaErrorInvalidValue;
+  if (a.cache.fp8 && (!a.cache.k_scale || !a.cache.v_scale)) return cudaErrorInvalidValue;
   AttnArgs b = a;
-  // Prefill over a bf16 cache ("fast" mode) runs on the tensor cores; the fp32 cache ("exact" mode) and
-  // shapes that kernel does not take stay on the fp32 SIMT kernel below.
+  // Prefill over an fp8 cache: the sequence's keys dequantized to bf16 once, then read as a bf16 cache of one
+  // slot (slot_stride 0: every token's row lands on it).
+  if (b.cache.fp8 && b.prefill && b.dequant && b.hd % 8 == 0 && aligned16(b.dequant)) {
+    const int64_t cap = b.dequant_elems / (2 * static_cast<int64_t>(b.nkv) * b.hd);
+    if (cap < 1) return cudaErrorInvalidValue;
+    auto* dk = static_cast<__nv_bfloat16*>(b.dequant);
+    auto* dv = dk + cap * b.nkv * b.hd;
+    const cudaError_t e = launch(kernel_dequant_kv, dim3(1024), dim3(256), 0, stream, b, dk, dv, cap);
+    if (e != cudaSuccess) return e;
+    b.cache = KvCache{dk, dv, false, 0, cap};
+  }
+  // Prefill and decode over a bf16 or fp8 cache ("fast" mode) run on the tensor cores; the fp32 cache
+  // ("exact" mode) and shapes those kernels do not take stay on the fp32 SIMT kernel below.
   if (attention_prefill_tc_supports(b)) return attention_prefill_tc(b, stream);
+  if (attention_decode_tc_supports(b)) {
+    const cudaError_t e = attention_decode_tc(b, stream);
+    return e != cudaSuccess ? e : combine(b, 0, stream);
+  }
   if (b.prefill) b.max_splits = 1;  // one split: the partial buffers are [tokens, nh, 1, hd]
-  return b.cache.f32 ? dispatch_hd<float>(b, stream) : dispatch_hd<__nv_bfloat16>(b, stream);
+  if (b.cache.f32) return dispatch_hd<float>(b, stream);
+  return b.cache.fp8 ? dispatch_hd<Fp8E4m3>(b, stream) : dispatch_hd<__nv_bfloat16>(b, stream);
 }
 
 }  // namespace deltaflow::backend::cuda

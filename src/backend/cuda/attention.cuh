@@ -15,6 +15,9 @@ namespace deltaflow::backend::cuda {
 //   of this layer; position i of table row s lives in page block_table[s * table_stride + (i >> page_shift)].
 //   The row is the token's slot (tok_slot). Pages hold at least 16 positions (a decode key tile).
 // kv_offset (kv_cache.cuh) computes the element offset of (row, kv head, position) in either.
+// Elements are fp32 (f32), bf16, or fp8 (E4M3 codes, one byte each): then k_scale / v_scale hold one fp32
+// scale per (position, kv head) row at kv_offset / head_dim, and an element reads back as code * scale
+// (backend/kv_quant.hpp: scale = amax of the row / 448).
 struct KvCache {
   void* k = nullptr;
   void* v = nullptr;
@@ -24,6 +27,9 @@ struct KvCache {
   const int* block_table = nullptr;
   int64_t table_stride = 0;  // ints per table row
   int page_shift = 0;
+  bool fp8 = false;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 };
 
 struct QkvArgs {
@@ -72,11 +78,20 @@ struct AttnArgs {
   const float* gate = nullptr;
   int64_t gate_ld = 0, gate_head_stride = 0;
   float* out = nullptr;  // [tokens, nh * hd]
+  // fp8 cache, prefill: scratch of attention_dequant_elems(positions the prefill reads, nkv, hd) bf16.
+  void* dequant = nullptr;
+  int64_t dequant_elems = 0;
 };
 
 // softmax(q k^T * scale, causal) v, GQA (q head h reads kv head h / (nh / nkv)), then the gate.
-// hd in {32, 64, 128, 256}.
+// hd in {32, 64, 128, 256}. An fp8 cache: decode runs where attention_decode_tc_supports; prefill reads the
+// sequence's keys dequantized to bf16 in args.dequant (attention_dequant_elems of them, k then v).
 cudaError_t attention(const AttnArgs& args, cudaStream_t stream);
+
+// bf16 elements of AttnArgs.dequant a prefill over an fp8 cache needs for keys 0..max_ctx-1: k and v.
+inline int64_t attention_dequant_elems(int64_t max_ctx, int nkv, int hd) {
+  return 2 * max_ctx * nkv * hd;
+}
 
 // Splits a decode launch needs for a cache of max_ctx positions.
 inline int attention_max_splits(int64_t max_ctx) {

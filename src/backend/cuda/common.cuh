@@ -124,6 +124,24 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float* red) {
   }
   return make_float2(ta, tb);
 }
+// Two maxima at once, as block_sum2; `red` holds at least 64 floats.
+__device__ __forceinline__ float2 block_max2(float a, float b, float* red) {
+  a = warp_max(a);
+  b = warp_max(b);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) {
+    red[w] = a;
+    red[32 + w] = b;
+  }
+  __syncthreads();
+  float ta = red[0], tb = red[32];
+  for (int i = 1; i < nw; ++i) {
+    ta = fmaxf(ta, red[i]);
+    tb = fmaxf(tb, red[32 + i]);
+  }
+  return make_float2(ta, tb);
+}
 
 // V consecutive values of a row: 16-byte (fp32) or 8-byte (16-bit) accesses when V == 4.
 template <int V, class T>

@@ -2,7 +2,11 @@
 // block table. Included by the kernels only.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cuda/attention.cuh"
 
@@ -18,6 +22,50 @@ __device__ __forceinline__ int64_t kv_offset(const KvCache& c, int row, int kvh,
            ((static_cast<int64_t>(kvh) << c.page_shift) + in_page) * hd;
   }
   return static_cast<int64_t>(row) * c.slot_stride + (static_cast<int64_t>(kvh) * c.max_ctx + pos) * hd;
+}
+
+// An element of an fp8 cache: an E4M3 code (its row's scale lives in KvCache::k_scale / v_scale).
+struct Fp8E4m3 {
+  uint8_t code;
+};
+
+// The E4M3 code of x / scale, rounded to nearest even and saturated to +-448, as backend/kv_quant.cpp.
+__device__ __forceinline__ uint8_t fp8_code(float x, float scale) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Two E4M3 codes (lo in the low byte) as bf16x2, exactly (every E4M3 value is a bf16 value).
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  __half2 hh;
+  memcpy(&hh, &h, 4);
+  const float2 f = __half22float2(hh);
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  uint32_t u;
+  memcpy(&u, &b, 4);
+  return u;
+}
+
+// 16 E4M3 codes as floats (code values, unscaled).
+__device__ __forceinline__ void unpack16(const uint4& v, float (&out)[16], Fp8E4m3) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const __half2_raw h =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * j)), __NV_E4M3);
+      __half2 hh;
+      memcpy(&hh, &h, 4);
+      const float2 f = __half22float2(hh);
+      out[4 * i + 2 * j] = f.x;
+      out[4 * i + 2 * j + 1] = f.y;
+    }
+}
+
+// The (position, kv head) row index of kv_offset: where an fp8 cache keeps the row's scale.
+__device__ __forceinline__ int64_t kv_row(const KvCache& c, int row, int kvh, int pos, int hd) {
+  return kv_offset(c, row, kvh, pos, hd) / hd;
 }
 
 }  // namespace deltaflow::backend::cuda

@@ -1,0 +1,254 @@
+// The tensor-core decode attention (backend/cuda/attention_decode.cu, reached through attention() with a bf16
+// cache and prefill false) against a float64 CPU reference of GQA softmax attention with the output gate, on
+// the same bf16 k and v and the fp32 q the kernel is given: a batch of sequences at their own lengths in a
+// paged cache whose pages are shuffled and whose unused positions hold NaN. Label `gpu`.
+//
+// Tolerance, as max |gpu - ref| / max(1, max |ref|): q and the softmax weights p are rounded to bf16 for the
+// mma, as in the prefill kernel (cuda_attention_prefill_test.cpp), so kTol = 1e-2 as there. A one-key
+// masking error at a tile's end, a wrong kv head, page or split, a lost warp in the merge or an unwritten
+// element (NaN) is an O(0.1..1) error at these lengths.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/attention_decode.cuh"
+#include "core/dtype.hpp"
+#include "gpu_test_util.hpp"
+
+namespace deltaflow {
+namespace {
+
+using gpu_test::DevBuf;
+using gpu_test::randn;
+using gpu_test::rel_err;
+namespace cu = backend::cuda;
+
+constexpr double kTol = 1e-2;
+constexpr int kPage = 16;  // positions per page (page_shift 4)
+
+class CudaAttentionDecode : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(gpu_test::have_gpu()) << "no GPU visible"; }
+};
+
+// Decode rows of sequences of lengths `lens` (row s sees positions 0..lens[s]-1); k and v per sequence
+// [len, nkv, hd] (bf16 values), q [rows, nh, hd], the gate [rows, gate_ld] with head stride 2 hd.
+struct Batch {
+  int nh, nkv, hd;
+  std::vector<int> lens;
+  std::vector<std::vector<float>> k, v;
+  std::vector<float> q, gate;
+  int64_t gate_ld;
+};
+
+Batch make_batch(std::mt19937& rng, int nh, int nkv, int hd, std::vector<int> lens, float q_scale) {
+  Batch b{nh, nkv, hd, std::move(lens), {}, {}, {}, {}, static_cast<int64_t>(nh) * 2 * hd + 8};
+  for (int len : b.lens) {
+    auto k = randn(rng, static_cast<size_t>(len) * nkv * hd), v = randn(rng, k.size());
+    for (auto& x : k) x = core::round_bf16(x);
+    for (auto& x : v) x = core::round_bf16(x);
+    b.k.push_back(std::move(k));
+    b.v.push_back(std::move(v));
+  }
+  const size_t rows = b.lens.size();
+  b.q = randn(rng, rows * nh * hd, q_scale);
+  b.gate = randn(rng, rows * static_cast<size_t>(b.gate_ld), 2.0f);
+  return b;
+}
+
+std::vector<float> cpu_decode(const Batch& b) {
+  const int nh = b.nh, nkv = b.nkv, hd = b.hd, grp = nh / nkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<float> out(b.lens.size() * nh * hd);
+  for (size_t r = 0; r < b.lens.size(); ++r)
+    for (int h = 0; h < nh; ++h) {
+      const int n = b.lens[r], kvh = h / grp;
+      const float* q = b.q.data() + (r * nh + h) * hd;
+      std::vector<double> s(static_cast<size_t>(n)), o(static_cast<size_t>(hd), 0.0);
+      double mx = -INFINITY;
+      for (int j = 0; j < n; ++j) {
+        const float* k = b.k[r].data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(q[i]) * k[i];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double l = 0;
+      for (int j = 0; j < n; ++j) {
+        const double w = std::exp(s[j] - mx);
+        l += w;
+        const float* v = b.v[r].data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
+        for (int i = 0; i < hd; ++i) o[i] += w * v[i];
+      }
+      const float* g = b.gate.data() + r * b.gate_ld + static_cast<int64_t>(h) * 2 * hd;
+      for (int i = 0; i < hd; ++i)
+        out[(r * nh + h) * hd + i] =
+            static_cast<float>(o[i] / l / (1.0 + std::exp(-static_cast<double>(g[i]))));
+    }
+  return out;
+}
+
+// The batch on the device: each sequence's pages drawn from a shuffled pool (two spare pages of NaN), table
+// rows of max_pages entries, the sequences' rows in order `order` (a permutation of the batch).
+struct DeviceBatch {
+  std::vector<int> table;
+  DevBuf<uint16_t> kc, vc;
+  DevBuf<int> dtable, pos, slot;
+  DevBuf<float> q, gate, out, pacc, pml;
+  cu::AttnArgs args;
+
+  DeviceBatch(const Batch& b, const std::vector<int>& order, int64_t max_ctx, std::mt19937& rng)
+      : table(layout(b, max_ctx, rng)),
+        kc(fill(b, table, max_ctx, b.k)),
+        vc(fill(b, table, max_ctx, b.v)),
+        dtable(table),
+        pos(pick(order, [&](int s) { return b.lens[static_cast<size_t>(s)] - 1; })),
+        slot(pick(order, [](int s) { return s; })),
+        q(rows(order, b.q, static_cast<size_t>(b.nh) * b.hd)),
+        gate(rows(order, b.gate, static_cast<size_t>(b.gate_ld))),
+        out(order.size() * b.nh * b.hd),
+        pacc(order.size() * b.nh * cu::attention_max_splits(max_ctx) * b.hd),
+        pml(order.size() * b.nh * cu::attention_max_splits(max_ctx) * 2) {
+    const int64_t page_elems = static_cast<int64_t>(b.nkv) * kPage * b.hd;
+    args.q = q.get();
+    args.cache =
+        cu::KvCache{kc.get(), vc.get(), false, page_elems, max_ctx, dtable.get(), max_pages(max_ctx), 4};
+    args.n_tokens = static_cast<int>(order.size());
+    args.nh = b.nh;
+    args.nkv = b.nkv;
+    args.hd = b.hd;
+    args.tok_pos = pos.get();
+    args.tok_slot = slot.get();
+    args.prefill = false;
+    args.max_splits = cu::attention_max_splits(max_ctx);
+    args.scale = 1.0f / std::sqrt(static_cast<float>(b.hd));
+    args.part_acc = pacc.get();
+    args.part_ml = pml.get();
+    args.gate = gate.get();
+    args.gate_ld = b.gate_ld;
+    args.gate_head_stride = 2 * b.hd;
+    args.out = out.get();
+  }
+
+  static int max_pages(int64_t max_ctx) { return static_cast<int>((max_ctx + kPage - 1) / kPage); }
+  static std::vector<int> layout(const Batch& b, int64_t max_ctx, std::mt19937& rng) {
+    const int mp = max_pages(max_ctx);
+    int total = 2;
+    for (int len : b.lens) total += (len + kPage - 1) / kPage;
+    std::vector<int> pages(static_cast<size_t>(total));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<int> t(b.lens.size() * mp, pages.back());  // unused entries: a NaN page
+    size_t next = 0;
+    for (size_t s = 0; s < b.lens.size(); ++s)
+      for (int p = 0; p < (b.lens[s] + kPage - 1) / kPage; ++p) t[s * mp + p] = pages[next++];
+    return t;
+  }
+  static std::vector<uint16_t> fill(const Batch& b, const std::vector<int>& t, int64_t max_ctx,
+                                    const std::vector<std::vector<float>>& x) {
+    const int mp = max_pages(max_ctx);
+    int total = 2;
+    for (int len : b.lens) total += (len + kPage - 1) / kPage;
+    std::vector<uint16_t> c(static_cast<size_t>(total) * b.nkv * kPage * b.hd, 0xffff);  // NaN
+    for (size_t s = 0; s < b.lens.size(); ++s)
+      for (int j = 0; j < b.lens[s]; ++j)
+        for (int kh = 0; kh < b.nkv; ++kh)
+          for (int i = 0; i < b.hd; ++i) {
+            const int64_t page = t[s * mp + j / kPage];
+            c[static_cast<size_t>(((page * b.nkv + kh) * kPage + j % kPage) * b.hd + i)] =
+                core::f32_to_bf16(x[s][(static_cast<size_t>(j) * b.nkv + kh) * b.hd + i]);
+          }
+    return c;
+  }
+  template <class F>
+  static std::vector<int> pick(const std::vector<int>& order, F f) {
+    std::vector<int> v;
+    for (int s : order) v.push_back(f(s));
+    return v;
+  }
+  static std::vector<float> rows(const std::vector<int>& order, const std::vector<float>& x, size_t w) {
+    std::vector<float> v;
+    for (int s : order) v.insert(v.end(), x.begin() + s * w, x.begin() + (s + 1) * w);
+    return v;
+  }
+};
+
+std::vector<float> run(const Batch& b, const std::vector<int>& order, int64_t max_ctx, std::mt19937& rng) {
+  DeviceBatch d(b, order, max_ctx, rng);
+  EXPECT_TRUE(cu::attention_decode_tc_supports(d.args));
+  EXPECT_EQ(cu::attention(d.args, nullptr), cudaSuccess);
+  return d.out.download();
+}
+
+std::vector<int> iota(size_t n) {
+  std::vector<int> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST_F(CudaAttentionDecode, EqualsCpuOverShapes) {
+  std::mt19937 rng(41);
+  struct Shape {
+    int nh, nkv, hd;
+  };
+  // Qwen3.6-27B (24/4/256), Qwen3.5-35B-A3B (16/2/256), a 16-head group, one head per kv head, hd 64.
+  const Shape shapes[] = {{24, 4, 256}, {16, 2, 256}, {32, 2, 128}, {4, 4, 128}, {8, 2, 64}};
+  // Lengths around the 16-key tiles, the 2-warp split of a 64-key split, and a split's end.
+  const std::vector<int> lens = {1, 15, 16, 17, 31, 33, 64, 65, 100, 129, 700};
+  double worst = 0;
+  for (const auto& sh : shapes) {
+    const Batch b = make_batch(rng, sh.nh, sh.nkv, sh.hd, lens, 1.0f);
+    const double e = rel_err(run(b, iota(lens.size()), 720, rng), cpu_decode(b));
+    worst = std::max(worst, e);
+    EXPECT_LE(e, kTol) << "nh=" << sh.nh << " nkv=" << sh.nkv << " hd=" << sh.hd;
+  }
+  std::printf("[ decode tc ] worst error over shapes vs float64 cpu: %.3g (tolerance %.0e)\n", worst, kTol);
+}
+
+// Past 64 x kAttnMaxSplits positions each token's splits grow with its own position (80, 160 keys...): the
+// warps then take several tiles each, through both cp.async stages.
+TEST_F(CudaAttentionDecode, LongSequencesWithGrownSplits) {
+  std::mt19937 rng(42);
+  const std::vector<int> lens = {1, 8192, 8193, 12345, 20000};
+  const Batch b = make_batch(rng, 24, 4, 256, lens, 1.0f);
+  const double e = rel_err(run(b, iota(lens.size()), 20000, rng), cpu_decode(b));
+  std::printf("[ decode tc ] 27B shape, lengths to 20000: %.3g\n", e);
+  EXPECT_LE(e, kTol);
+}
+
+// Scores far apart (q scaled up): the softmax is dominated by a few keys, so a wrong running max or merge
+// weight between warps and splits shows.
+TEST_F(CudaAttentionDecode, EqualsCpuWithPeakedScores) {
+  std::mt19937 rng(43);
+  const std::vector<int> lens = {17, 200, 3000};
+  const Batch b = make_batch(rng, 24, 4, 256, lens, 4.0f);
+  const double e = rel_err(run(b, iota(lens.size()), 3000, rng), cpu_decode(b));
+  std::printf("[ decode tc ] peaked scores: %.3g\n", e);
+  EXPECT_LE(e, kTol);
+}
+
+// A row's result does not depend on the batch around it: each sequence alone equals itself in a shuffled
+// batch, bit for bit.
+TEST_F(CudaAttentionDecode, RowsAloneEqualRowsInABatch) {
+  std::mt19937 rng(44);
+  const std::vector<int> lens = {5, 64, 300, 1000, 9000};
+  const Batch b = make_batch(rng, 24, 4, 256, lens, 1.0f);
+  const std::vector<int> order = {3, 0, 4, 2, 1};
+  const auto batch = run(b, order, 9000, rng);
+  const size_t w = static_cast<size_t>(b.nh) * b.hd;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto alone = run(b, {order[i]}, 9000, rng);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + i * w))
+        << "sequence of length " << lens[static_cast<size_t>(order[i])];
+  }
+}
+
+}  // namespace
+}  // namespace deltaflow
