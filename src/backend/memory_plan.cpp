@@ -96,6 +96,7 @@ size_t gdn_chunk_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
 }
 
 size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt, int64_t max_ctx) {
+  const bool fp8 = opt.kv_fp8 && !opt.exact;
   using model::LayerType;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t n_lin = c.count_layers(LayerType::kLinearAttention),
@@ -157,6 +158,9 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
                                       moe_tiles};
   Sizer s;
   for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);
+  // fp8 KV: a prefill's keys and values as bf16 (attention_dequant_elems: k and v of max_ctx positions).
+  s.add(std::max<size_t>(
+      fp8 && n_full ? static_cast<size_t>(2 * max_ctx * c.num_key_value_heads * c.head_dim) * 2 : 0, 16));
   const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   s.add(std::max<size_t>(x16_elems * 2, 16));  // 16-bit copies of matmul inputs for cuBLASLt
   s.add(std::max<size_t>(gdn_chunk_bytes(c, opt, R), 16));
@@ -178,7 +182,8 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
   p.kv_pages = paged ? opt.kv_pages + 1 : 0;
   p.max_context = max_ctx;
   p.kv_f32 = opt.exact;
-  const size_t kv_es = opt.exact ? 4 : 2;
+  p.kv_fp8 = opt.kv_fp8 && !opt.exact;
+  const size_t kv_es = opt.exact ? 4 : p.kv_fp8 ? 1 : 2;
   const int64_t conv_slot = n_lin * c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
   const int64_t gdn_slot = n_lin * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
   // The KV cache's unit: a page of kCudaPageSize positions, or a slot's max_ctx positions.
@@ -186,8 +191,12 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
   const int64_t kv_units = paged ? p.kv_pages : slots;
   p.states = align_up(static_cast<size_t>(slots * conv_slot) * 4, kAlign) +
              align_up(static_cast<size_t>(slots * gdn_slot) * 4, kAlign);
-  p.kv = 2 * align_up(static_cast<size_t>(kv_units * kv_unit) * kv_es, kAlign);
-  p.kv_bytes_per_token = 2 * static_cast<size_t>(n_full * c.num_key_value_heads * c.head_dim) * kv_es;
+  // fp8: k and v codes, then their scales (one fp32 per position and kv head).
+  const size_t scales =
+      p.kv_fp8 ? align_up(static_cast<size_t>(kv_units * kv_unit / c.head_dim) * 4, kAlign) : 0;
+  p.kv = 2 * (align_up(static_cast<size_t>(kv_units * kv_unit) * kv_es, kAlign) + scales);
+  p.kv_bytes_per_token = 2 * static_cast<size_t>(n_full * c.num_key_value_heads) *
+                         (static_cast<size_t>(c.head_dim) * kv_es + (p.kv_fp8 ? 4 : 0));
   p.kv_page_bytes = p.kv_bytes_per_token * kCudaPageSize;
   p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;
   p.weights = weight_bytes(c, core::dtype_size(opt.matrix_dtype));

@@ -25,6 +25,7 @@ struct MemoryPlanOptions {
   int64_t max_context = 0;                        // 0: min(max_position_embeddings, 32768)
   int64_t prefill_chunk = 4096;                   // as CudaOptions
   bool exact = false;                             // fp32 KV cache and no 16-bit activation copies
+  bool kv_fp8 = false;                            // as CudaOptions: E4M3 KV + a scale per row (not exact)
   core::DType matrix_dtype = core::DType::kBF16;  // element type of the weight matrices
 };
 
@@ -38,6 +39,7 @@ struct MemoryPlanEstimate {
   int64_t kv_pages = 0;  // paged: KV pages + 1 scratch page; else 0
   int64_t max_context = 0;
   bool kv_f32 = false;
+  bool kv_fp8 = false;
   size_t kv_bytes_per_token = 0;        // one sequence: K and V of every full-attention layer
   size_t kv_page_bytes = 0;             // kv_bytes_per_token x kCudaPageSize
   size_t state_bytes_per_sequence = 0;  // one sequence: conv + Gated DeltaNet states of every linear layer

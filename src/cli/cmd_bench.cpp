@@ -287,7 +287,7 @@ int cmd_bench(const Argv& argv) {
   return fail(cmd, "this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)");
 #else
   ArgSpec spec{{"--synthetic", "--model", "--batches", "--contexts", "--prefill", "--steps", "--seed",
-                "--prefill-chunk", "--tensor-parallel-size"},
+                "--prefill-chunk", "--tensor-parallel-size", "--kv-cache-dtype"},
                {"--json", "--no-graphs", "--profile"},
                0};
   auto args = Args::parse(argv, spec);
@@ -308,6 +308,9 @@ int cmd_bench(const Argv& argv) {
   if (!seed) return fail(cmd, seed.message());
   if (!chunk || *chunk < 1) return fail(cmd, "flag --prefill-chunk must be a positive integer");
   const bool json = args->has("--json");
+  const std::string kv_dtype = args->get("--kv-cache-dtype").value_or("auto");
+  if (kv_dtype != "auto" && kv_dtype != "bf16" && kv_dtype != "fp8")
+    return fail(cmd, "flag --kv-cache-dtype must be auto, bf16 or fp8, not '" + kv_dtype + "'");
   auto tp_flag = parse_tensor_parallel(*args, engine::Device::kCuda);
   if (!tp_flag) return fail(cmd, tp_flag.message());
   // Given (even as 1): through TpBackend and NCCL; absent: the plain backend.
@@ -344,6 +347,8 @@ int cmd_bench(const Argv& argv) {
   for (auto t : *prefills) need = std::max<int64_t>(need, t + 8);
   opt.max_context = std::min<int64_t>(need, config.max_position_embeddings);
   opt.prefill_chunk = *chunk;
+  opt.kv_fp8 = kv_dtype == "fp8";
+  if (opt.kv_fp8 && tp > 0) return fail(cmd, "--kv-cache-dtype fp8: not with --tensor-parallel-size yet");
   // --profile times every op with events, so decode runs without graphs (their launch gaps show as time).
   const bool profile = args->has("--profile");
   opt.cuda_graphs = !args->has("--no-graphs") && !profile;
@@ -359,7 +364,10 @@ int cmd_bench(const Argv& argv) {
   const double all_params = mc.dense + mc.expert * mc.moe_layers * static_cast<double>(config.num_experts) +
                             (config.tie_word_embeddings ? 1 : 2) * mc.lm_head;
   const double wes = synth ? 2.0 : gpus * static_cast<double>(plan.weights) / all_params;
-  const double kv_es = plan.kv_f32 ? 4.0 : 2.0;
+  // Bytes per KV element; fp8 adds its row's 4-byte scale per head_dim elements.
+  const double kv_es = plan.kv_f32   ? 4.0
+                       : plan.kv_fp8 ? 1.0 + 4.0 / static_cast<double>(config.head_dim)
+                                     : 2.0;
   std::mt19937 rng(static_cast<uint32_t>(*seed));
   auto random_ids = [&](size_t n) {
     std::vector<int32_t> v(n);
@@ -499,7 +507,10 @@ int cmd_bench(const Argv& argv) {
       "device      %s%s\n", devices[0].name.c_str(),
       tp ? (" x " + std::to_string(tp) + ", tensor parallel through NCCL (memory per GPU)").c_str() : "");
   std::printf("load        %.2f s; weights %.2f GB, KV %.2f GB (%s), states %.2f GB, workspace %.2f GB\n",
-              b.load_seconds(), plan.weights / 1e9, plan.kv / 1e9, plan.kv_f32 ? "fp32" : "bf16",
+              b.load_seconds(), plan.weights / 1e9, plan.kv / 1e9,
+              plan.kv_f32   ? "fp32"
+              : plan.kv_fp8 ? "fp8"
+                            : "bf16",
               plan.states / 1e9, plan.workspace / 1e9);
   std::printf("rooflines   copy %.2f TB/s (read + write), bf16 GEMM %.1f TFLOP/s (8192^3, fp32 out)\n",
               *bw / 1e12, *gemm_rate / 1e12);

@@ -142,13 +142,17 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     opt.engine_pools = true;
     opt.max_context = eo.max_model_len;
     opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, eo.max_num_batched_tokens);
+    opt.kv_fp8 = eo.kv_cache_dtype == backend::KvCacheDtype::kFp8;
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
     l.roof.weight_bytes = static_cast<double>(b->weight_bytes());
     l.roof.params = l.roof.weight_bytes / 2.0;
     const auto& c = b->config();
     const double n_full = static_cast<double>(c.count_layers(model::LayerType::kFullAttention));
     const double n_lin = static_cast<double>(c.count_layers(model::LayerType::kLinearAttention));
-    l.roof.kv_bytes_per_pos = n_full * 2.0 * static_cast<double>(c.num_key_value_heads * c.head_dim) * 2.0;
+    // bf16: 2 bytes an element; fp8: 1 byte and a 4-byte scale per (position, kv head).
+    const double hd = static_cast<double>(c.head_dim);
+    const double row_bytes = opt.kv_fp8 ? hd + 4.0 : 2.0 * hd;
+    l.roof.kv_bytes_per_pos = n_full * 2.0 * static_cast<double>(c.num_key_value_heads) * row_bytes;
     l.roof.state_bytes =
         n_lin * 4.0 *
         static_cast<double>(c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1) +

@@ -32,8 +32,11 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
   std::printf(
       "memory plan:    cuda backend, %d sequences of up to %lld positions, %s KV pages of %d positions, "
       "%s weights\n",
-      o.max_num_seqs, len, p.kv_f32 ? "fp32" : "bf16", backend::kCudaPageSize,
-      std::string(core::dtype_name(matrix_dtype)).c_str());
+      o.max_num_seqs, len,
+      p.kv_f32   ? "fp32"
+      : p.kv_fp8 ? "fp8"
+                 : "bf16",
+      backend::kCudaPageSize, std::string(core::dtype_name(matrix_dtype)).c_str());
   print_bytes("weights:", p.weights, "");
   std::printf("  %-18s %14llu bytes\n",
               "kv per token:", static_cast<unsigned long long>(p.kv_bytes_per_token));
@@ -109,10 +112,11 @@ void print_weight_formats(const model::TextConfig& c, const model::ModelWeights&
 int cmd_inspect(const Argv& argv) {
   const std::string cmd = "inspect";
   // serve's engine flags that shape the memory (parse_engine_options reads them).
-  auto args = Args::parse(argv, {{"--gpu-memory", "--max-model-len", "--max-num-seqs",
-                                  "--max-num-batched-tokens", "--kv-cache-gb", "--prefix-cache-gb"},
-                                 {"--exact", "--tensors", "--no-prefix-cache"},
-                                 1});
+  auto args =
+      Args::parse(argv, {{"--gpu-memory", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+                          "--kv-cache-gb", "--prefix-cache-gb", "--kv-cache-dtype"},
+                         {"--exact", "--tensors", "--no-prefix-cache"},
+                         1});
   if (!args) return fail(cmd, args.message());
   if (args->positionals().empty()) return fail(cmd, "missing DIR");
   const std::string dir = args->positionals()[0];
@@ -148,6 +152,7 @@ int cmd_inspect(const Argv& argv) {
   plan_opt.max_context = eng->max_model_len;
   plan_opt.prefill_chunk = std::max<int64_t>(plan_opt.prefill_chunk, eng->max_num_batched_tokens);
   plan_opt.exact = args->has("--exact");
+  plan_opt.kv_fp8 = eng->kv_cache_dtype == backend::KvCacheDtype::kFp8;
   plan_opt.matrix_dtype = w ? w->embed_tokens.dtype : core::DType::kBF16;
   const auto unit = backend::estimate_memory_plan(c, plan_opt);
   engine::PoolGeometry geo;

@@ -52,8 +52,8 @@ std::vector<Flag> engine_flags() {
       {"--no-prefix-cache", "no prefix cache"},
       {"--max-queue N", "requests waiting at most; more are refused (429 when serving; default 256)"},
       {"--kv-cache-dtype T",
-       "KV storage: auto (the backend's), bf16, or fp8 (E4M3 + a scale per position "
-       "and head; CPU for now)"},
+       "KV storage: auto (the backend's: fp32 on the CPU, bf16 on CUDA), bf16, or fp8 (E4M3 + a scale per "
+       "position and head: half the bytes; one GPU or the CPU)"},
       {"--speculative-tokens K",
        "draft up to K tokens a step with the checkpoint's MTP head, verified in one step (0..8; default 0: "
        "off)"}};
@@ -98,6 +98,7 @@ const std::map<std::string, Help>& table() {
          {"--steps N", "decode steps timed per point (default 24)"},
          {"--seed S", "weights seed for --synthetic (default 1)"},
          {"--prefill-chunk N", "prefill chunk in tokens (default 4096)"},
+         {"--kv-cache-dtype T", "auto / bf16 (the default) or fp8 KV cache"},
          kTp,
          {"--no-graphs", "decode without CUDA graphs"},
          {"--profile", "GPU time per op (graphs off)"},
@@ -172,6 +173,7 @@ const std::map<std::string, Help>& table() {
          {"--no-prefix-cache", "no prefix cache"},
          {"--max-num-batched-tokens N", "tokens per step: sizes the workspace"},
          {"--gpu-memory GB", "GPU memory to plan for: whether it fits, and how many sequences do"},
+         {"--kv-cache-dtype T", "auto / bf16 (default) or fp8: E4M3 KV pages at about half the bytes"},
          {"--exact", "the exact mode's fp32 KV and activations"},
          {"--tensors", "list every tensor with its format and bytes"}}}},
       {"make-tiny",

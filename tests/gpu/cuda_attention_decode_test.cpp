@@ -7,6 +7,11 @@
 // mma, as in the prefill kernel (cuda_attention_prefill_test.cpp), so kTol = 1e-2 as there. A one-key
 // masking error at a tile's end, a wrong kv head, page or split, a lost warp in the merge or an unwritten
 // element (NaN) is an O(0.1..1) error at these lengths.
+//
+// The fp8 cache (E4M3 codes + a scale per position and kv head, backend/kv_quant.hpp) is checked the same
+// way against the reference on the values the codes read back as: the kernel widens the codes exactly and
+// applies the scales to the scores and the weights, so the same kTol holds. Head size 32 (and groups over
+// 16) stay on the fp32 SIMT kernel, which reads code * scale as the CPU does: kSimtTol = 1e-4 there.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +26,7 @@
 #include "backend/cuda/attention_decode.cuh"
 #include "core/dtype.hpp"
 #include "gpu_test_util.hpp"
+#include "model/quant/quantize.hpp"
 
 namespace deltaflow {
 namespace {
@@ -31,6 +37,7 @@ using gpu_test::rel_err;
 namespace cu = backend::cuda;
 
 constexpr double kTol = 1e-2;
+constexpr double kSimtTol = 1e-4;
 constexpr int kPage = 16;  // positions per page (page_shift 4)
 
 class CudaAttentionDecode : public ::testing::Test {
@@ -39,21 +46,58 @@ class CudaAttentionDecode : public ::testing::Test {
 };
 
 // Decode rows of sequences of lengths `lens` (row s sees positions 0..lens[s]-1); k and v per sequence
-// [len, nkv, hd] (bf16 values), q [rows, nh, hd], the gate [rows, gate_ld] with head stride 2 hd.
+// [len, nkv, hd] (the values the cache reads back as), q [rows, nh, hd], the gate [rows, gate_ld] with head
+// stride 2 hd. fp8: the cache's codes and per-row scales too.
 struct Batch {
-  int nh, nkv, hd;
+  int nh = 0, nkv = 0, hd = 0;
   std::vector<int> lens;
   std::vector<std::vector<float>> k, v;
   std::vector<float> q, gate;
-  int64_t gate_ld;
+  int64_t gate_ld = 0;
+  bool fp8 = false;
+  std::vector<std::vector<uint8_t>> k_codes, v_codes;
+  std::vector<std::vector<float>> k_scales, v_scales;  // [len, nkv]
 };
 
-Batch make_batch(std::mt19937& rng, int nh, int nkv, int hd, std::vector<int> lens, float q_scale) {
-  Batch b{nh, nkv, hd, std::move(lens), {}, {}, {}, {}, static_cast<int64_t>(nh) * 2 * hd + 8};
+// One (position, kv head) row as the fp8 cache stores it (backend/kv_quant.cpp): scale = amax / 448, codes
+// E4M3(x / scale); x becomes what it reads back as.
+float fp8_row(float* x, uint8_t* codes, int n) {
+  float amax = 0;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+  for (int i = 0; i < n; ++i) {
+    codes[i] = amax > 0 ? model::quant::f32_to_e4m3(x[i] / scale) : 0;
+    x[i] = core::f8e4m3_to_f32(codes[i]) * scale;
+  }
+  return scale;
+}
+
+Batch make_batch(std::mt19937& rng, int nh, int nkv, int hd, std::vector<int> lens, float q_scale,
+                 bool fp8 = false) {
+  Batch b;
+  b.nh = nh;
+  b.nkv = nkv;
+  b.hd = hd;
+  b.lens = std::move(lens);
+  b.gate_ld = static_cast<int64_t>(nh) * 2 * hd + 8;
+  b.fp8 = fp8;
   for (int len : b.lens) {
     auto k = randn(rng, static_cast<size_t>(len) * nkv * hd), v = randn(rng, k.size());
-    for (auto& x : k) x = core::round_bf16(x);
-    for (auto& x : v) x = core::round_bf16(x);
+    if (fp8) {
+      std::vector<uint8_t> kc(k.size()), vc(v.size());
+      std::vector<float> ks(static_cast<size_t>(len) * nkv), vs(ks.size());
+      for (size_t r = 0; r < ks.size(); ++r) {
+        ks[r] = fp8_row(k.data() + r * hd, kc.data() + r * hd, hd);
+        vs[r] = fp8_row(v.data() + r * hd, vc.data() + r * hd, hd);
+      }
+      b.k_codes.push_back(std::move(kc));
+      b.v_codes.push_back(std::move(vc));
+      b.k_scales.push_back(std::move(ks));
+      b.v_scales.push_back(std::move(vs));
+    } else {
+      for (auto& x : k) x = core::round_bf16(x);
+      for (auto& x : v) x = core::round_bf16(x);
+    }
     b.k.push_back(std::move(k));
     b.v.push_back(std::move(v));
   }
@@ -100,14 +144,20 @@ std::vector<float> cpu_decode(const Batch& b) {
 struct DeviceBatch {
   std::vector<int> table;
   DevBuf<uint16_t> kc, vc;
+  DevBuf<uint8_t> k8, v8;  // fp8 codes
+  DevBuf<float> ks, vs;    // fp8 scales
   DevBuf<int> dtable, pos, slot;
   DevBuf<float> q, gate, out, pacc, pml;
   cu::AttnArgs args;
 
   DeviceBatch(const Batch& b, const std::vector<int>& order, int64_t max_ctx, std::mt19937& rng)
       : table(layout(b, max_ctx, rng)),
-        kc(fill(b, table, max_ctx, b.k)),
-        vc(fill(b, table, max_ctx, b.v)),
+        kc(b.fp8 ? std::vector<uint16_t>{} : fill(b, table, max_ctx, b.k)),
+        vc(b.fp8 ? std::vector<uint16_t>{} : fill(b, table, max_ctx, b.v)),
+        k8(b.fp8 ? fill_codes(b, table, max_ctx, b.k_codes) : std::vector<uint8_t>{}),
+        v8(b.fp8 ? fill_codes(b, table, max_ctx, b.v_codes) : std::vector<uint8_t>{}),
+        ks(b.fp8 ? fill_scales(b, table, max_ctx, b.k_scales) : std::vector<float>{}),
+        vs(b.fp8 ? fill_scales(b, table, max_ctx, b.v_scales) : std::vector<float>{}),
         dtable(table),
         pos(pick(order, [&](int s) { return b.lens[static_cast<size_t>(s)] - 1; })),
         slot(pick(order, [](int s) { return s; })),
@@ -120,6 +170,13 @@ struct DeviceBatch {
     args.q = q.get();
     args.cache =
         cu::KvCache{kc.get(), vc.get(), false, page_elems, max_ctx, dtable.get(), max_pages(max_ctx), 4};
+    if (b.fp8) {
+      args.cache.k = k8.get();
+      args.cache.v = v8.get();
+      args.cache.fp8 = true;
+      args.cache.k_scale = ks.get();
+      args.cache.v_scale = vs.get();
+    }
     args.n_tokens = static_cast<int>(order.size());
     args.nh = b.nh;
     args.nkv = b.nkv;
@@ -167,6 +224,36 @@ struct DeviceBatch {
           }
     return c;
   }
+  static int total_pages(const Batch& b) {
+    int total = 2;
+    for (int len : b.lens) total += (len + kPage - 1) / kPage;
+    return total;
+  }
+  // fp8: codes [pages][nkv][16][hd] (0x7f, NaN, where unused) and scales [pages][nkv][16] (NaN where unused).
+  static std::vector<uint8_t> fill_codes(const Batch& b, const std::vector<int>& t, int64_t max_ctx,
+                                         const std::vector<std::vector<uint8_t>>& x) {
+    const int mp = max_pages(max_ctx);
+    std::vector<uint8_t> c(static_cast<size_t>(total_pages(b)) * b.nkv * kPage * b.hd, 0x7f);
+    for (size_t s = 0; s < b.lens.size(); ++s)
+      for (int j = 0; j < b.lens[s]; ++j)
+        for (int kh = 0; kh < b.nkv; ++kh) {
+          const int64_t page = t[s * mp + j / kPage];
+          std::copy_n(x[s].begin() + (static_cast<size_t>(j) * b.nkv + kh) * b.hd, b.hd,
+                      c.begin() + ((page * b.nkv + kh) * kPage + j % kPage) * b.hd);
+        }
+    return c;
+  }
+  static std::vector<float> fill_scales(const Batch& b, const std::vector<int>& t, int64_t max_ctx,
+                                        const std::vector<std::vector<float>>& x) {
+    const int mp = max_pages(max_ctx);
+    std::vector<float> c(static_cast<size_t>(total_pages(b)) * b.nkv * kPage, NAN);
+    for (size_t s = 0; s < b.lens.size(); ++s)
+      for (int j = 0; j < b.lens[s]; ++j)
+        for (int kh = 0; kh < b.nkv; ++kh)
+          c[static_cast<size_t>((t[s * mp + j / kPage] * b.nkv + kh) * kPage + j % kPage)] =
+              x[s][static_cast<size_t>(j) * b.nkv + kh];
+    return c;
+  }
   template <class F>
   static std::vector<int> pick(const std::vector<int>& order, F f) {
     std::vector<int> v;
@@ -180,9 +267,10 @@ struct DeviceBatch {
   }
 };
 
-std::vector<float> run(const Batch& b, const std::vector<int>& order, int64_t max_ctx, std::mt19937& rng) {
+std::vector<float> run(const Batch& b, const std::vector<int>& order, int64_t max_ctx, std::mt19937& rng,
+                       bool tc = true) {
   DeviceBatch d(b, order, max_ctx, rng);
-  EXPECT_TRUE(cu::attention_decode_tc_supports(d.args));
+  EXPECT_EQ(cu::attention_decode_tc_supports(d.args), tc);
   EXPECT_EQ(cu::attention(d.args, nullptr), cudaSuccess);
   return d.out.download();
 }
@@ -248,6 +336,47 @@ TEST_F(CudaAttentionDecode, RowsAloneEqualRowsInABatch) {
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + i * w))
         << "sequence of length " << lens[static_cast<size_t>(order[i])];
   }
+}
+
+TEST_F(CudaAttentionDecode, Fp8CacheEqualsCpuOverShapes) {
+  std::mt19937 rng(45);
+  struct Shape {
+    int nh, nkv, hd;
+  };
+  const Shape shapes[] = {{24, 4, 256}, {16, 2, 256}, {32, 2, 128}, {8, 2, 64}};
+  const std::vector<int> lens = {1, 15, 16, 17, 33, 64, 65, 129, 700};
+  double worst = 0;
+  for (const auto& sh : shapes) {
+    const Batch b = make_batch(rng, sh.nh, sh.nkv, sh.hd, lens, 1.0f, true);
+    const double e = rel_err(run(b, iota(lens.size()), 720, rng), cpu_decode(b));
+    worst = std::max(worst, e);
+    EXPECT_LE(e, kTol) << "fp8 nh=" << sh.nh << " nkv=" << sh.nkv << " hd=" << sh.hd;
+  }
+  std::printf("[ decode tc ] fp8 cache: worst error over shapes vs float64 cpu: %.3g (tolerance %.0e)\n",
+              worst, kTol);
+  // The long and peaked cases on the 27B shape.
+  const Batch lb = make_batch(rng, 24, 4, 256, {1, 8193, 20000}, 1.0f, true);
+  const double el = rel_err(run(lb, iota(3), 20000, rng), cpu_decode(lb));
+  const Batch pb = make_batch(rng, 24, 4, 256, {17, 3000}, 4.0f, true);
+  const double ep = rel_err(run(pb, iota(2), 3000, rng), cpu_decode(pb));
+  std::printf("[ decode tc ] fp8 cache: lengths to 20000 %.3g, peaked scores %.3g\n", el, ep);
+  EXPECT_LE(el, kTol);
+  EXPECT_LE(ep, kTol);
+  // Batch invariance holds for fp8 rows as for bf16.
+  const auto batch = run(lb, {2, 0, 1}, 20000, rng);
+  const auto alone = run(lb, {1}, 20000, rng);
+  const size_t w = static_cast<size_t>(lb.nh) * lb.hd;
+  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + 2 * w));
+}
+
+// hd 32 is not a tensor-core shape: the SIMT kernel reads the fp8 cache as code * scale in fp32.
+TEST_F(CudaAttentionDecode, Fp8CacheOnTheSimtKernel) {
+  std::mt19937 rng(46);
+  const std::vector<int> lens = {1, 16, 17, 300};
+  const Batch b = make_batch(rng, 8, 2, 32, lens, 1.0f, true);
+  const double e = rel_err(run(b, iota(lens.size()), 320, rng, false), cpu_decode(b));
+  std::printf("[ decode simt ] fp8 cache, hd 32: %.3g (tolerance %.0e)\n", e, kSimtTol);
+  EXPECT_LE(e, kSimtTol);
 }
 
 }  // namespace

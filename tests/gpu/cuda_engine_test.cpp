@@ -13,6 +13,8 @@
 //   token with a close log-probability in the default mode (see the test).
 // - Preemption under a tiny KV budget gives the outputs of an ample one (exact mode), and every page and slot
 //   comes back.
+// - The fp8 KV cache (`_fast_fp8`) runs every test of fast mode: its codes and scales live in the same pages,
+//   so paging, batching and the prefix cache (page copies take the scales along) keep their claims.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -38,10 +40,11 @@ using backend::cuda::CudaOptions;
 struct Param {
   std::string preset;
   bool exact;
+  bool kv_fp8 = false;  // the fp8 KV cache (fast mode): every claim of fast mode holds for it too
 };
 
 std::string param_name(const ::testing::TestParamInfo<Param>& p) {
-  return p.param.preset + (p.param.exact ? "_exact" : "_fast");
+  return p.param.preset + (p.param.exact ? "_exact" : p.param.kv_fp8 ? "_fast_fp8" : "_fast");
 }
 
 using engine::Job;
@@ -57,6 +60,7 @@ class CudaEngine : public ::testing::TestWithParam<Param> {
     ASSERT_TRUE(model::write_tiny_checkpoint(GetParam().preset, 1, dir_).is_ok());
     CudaOptions opt;
     opt.exact = GetParam().exact;
+    opt.kv_fp8 = GetParam().kv_fp8;
     opt.engine_pools = true;
     opt.max_context = 1024;
     auto b = CudaBackend::load(dir_, opt);
@@ -116,6 +120,7 @@ class CudaEngine : public ::testing::TestWithParam<Param> {
 TEST_P(CudaEngine, PagedKvEqualsContiguousCache) {
   CudaOptions opt;
   opt.exact = GetParam().exact;
+  opt.kv_fp8 = GetParam().kv_fp8;
   opt.max_context = 1024;
   auto flat = CudaBackend::load(dir_, opt);
   ASSERT_TRUE(flat.is_ok()) << flat.message();
@@ -370,6 +375,7 @@ std::vector<Param> params() {
   std::vector<Param> p;
   for (const char* preset : {"dense", "moe", "next"})
     for (bool exact : {true, false}) p.push_back({preset, exact});
+  for (const char* preset : {"dense", "moe"}) p.push_back({preset, false, true});
   return p;
 }
 

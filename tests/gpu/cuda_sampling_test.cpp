@@ -368,8 +368,9 @@ TEST(CudaSampling, BackendDecodeSample) {
 // CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints), on every preset:
 // the per-sequence layout (fast and exact), and the engine's pools (allocate_pools: paged KV and the state
 // slots the engine asks for).
-void expect_plan_equals_estimate(const std::string& preset, bool exact, bool engine_pools) {
-  SCOPED_TRACE(preset + (exact ? " exact" : " fast") + (engine_pools ? " engine pools" : ""));
+void expect_plan_equals_estimate(const std::string& preset, bool exact, bool engine_pools, bool fp8 = false) {
+  SCOPED_TRACE(preset + (exact ? " exact" : " fast") + (engine_pools ? " engine pools" : "") +
+               (fp8 ? " fp8" : ""));
   const auto dir = (std::filesystem::temp_directory_path() /
                     ("df_cuda_memory_plan_" + preset + "_" + std::to_string(::getpid())))
                        .string();
@@ -379,6 +380,7 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   opt.max_context = 200;
   opt.prefill_chunk = 96;
   opt.exact = exact;
+  opt.kv_fp8 = fp8;
   opt.engine_pools = engine_pools;
   auto cuda = backend::cuda::CudaBackend::load(dir, opt);
   ASSERT_TRUE(cuda.is_ok()) << cuda.message();
@@ -402,6 +404,7 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   po.max_context = opt.max_context;
   po.prefill_chunk = opt.prefill_chunk;
   po.exact = exact;
+  po.kv_fp8 = fp8;
   po.matrix_dtype = w->embed_tokens.dtype;
   const auto want = backend::estimate_memory_plan((*cuda)->config(), po);
   const auto& got = (*cuda)->memory_plan();
@@ -412,6 +415,7 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   EXPECT_EQ(got.slots, want.slots);
   EXPECT_EQ(got.max_context, want.max_context);
   EXPECT_EQ(got.kv_f32, want.kv_f32);
+  EXPECT_EQ(got.kv_fp8, want.kv_fp8);
   EXPECT_EQ(got.kv_pages, want.kv_pages);
   if (engine_pools) {
     EXPECT_EQ(pools.page_bytes, want.kv_page_bytes);
@@ -427,6 +431,8 @@ TEST(CudaMemoryPlan, EqualsTheEstimate) {
     expect_plan_equals_estimate(preset, false, false);
     expect_plan_equals_estimate(preset, true, false);
     expect_plan_equals_estimate(preset, false, true);
+    expect_plan_equals_estimate(preset, false, false, true);
+    expect_plan_equals_estimate(preset, false, true, true);
   }
 }
 

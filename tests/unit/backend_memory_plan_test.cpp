@@ -86,6 +86,30 @@ TEST(MemoryPlan, Qwen36_27bEnginePools) {
   EXPECT_EQ(p.workspace, estimate_memory_plan(c, contiguous).workspace);
 }
 
+// The fp8 KV cache: a byte an element and a 4-byte scale per (position, kv head): 16 layers x 2 (k, v) x 4
+// heads x (256 + 4) bytes a token, and a prefill's keys widened to bf16 in the workspace (2 x 32768 x 4 x 256
+// bf16 = 128 MiB more than bf16's).
+TEST(MemoryPlan, Qwen36_27bFp8Kv) {
+  const auto c = qwen36_27b();
+  MemoryPlanOptions o;
+  o.kv_pages = 4096;
+  o.state_slots = 80;
+  o.max_context = 32768;
+  o.kv_fp8 = true;
+  const auto p = estimate_memory_plan(c, o);
+  EXPECT_TRUE(p.kv_fp8);
+  EXPECT_EQ(p.kv_bytes_per_token, 16u * 2 * 4 * 260);
+  EXPECT_EQ(p.kv_page_bytes, 16u * 2 * 4 * 260 * 16);
+  EXPECT_EQ(p.kv, 2 * (4097ull * 16 * 4 * 16 * 256 + 4097ull * 16 * 4 * 16 * 4));
+  MemoryPlanOptions bf16 = o;
+  bf16.kv_fp8 = false;
+  // (bf16 keeps a 16-byte placeholder there, one 256-byte-aligned piece.)
+  EXPECT_EQ(p.workspace - estimate_memory_plan(c, bf16).workspace, 2ull * 32768 * 4 * 256 * 2 - 256);
+  // Exact mode keeps its fp32 cache whatever kv_fp8 says (the backend does the same).
+  o.exact = true;
+  EXPECT_FALSE(estimate_memory_plan(c, o).kv_fp8);
+}
+
 TEST(MemoryPlan, TinyPresetsFromShapes) {
   for (const auto& preset : model::tiny_presets()) {
     SCOPED_TRACE(preset);

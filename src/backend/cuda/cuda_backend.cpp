@@ -438,7 +438,15 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   // A cache of finite values, so attention over a context the benchmark only claims reads real numbers.
   const core::DType kv_dt = b->plan_.kv_f32 ? core::DType::kF32 : core::DType::kBF16;
   const int64_t kv_elems = static_cast<int64_t>(b->plan_.kv / 2 / core::dtype_size(kv_dt));
-  if (kv_elems > 0) {
+  if (b->plan_.kv_fp8) {
+    // Codes 0x38 (1.0) and 0x30 (0.5) scaled by 1/64: finite numbers; the scales follow the codes.
+    const size_t codes = b->kv_code_bytes();
+    DF_CUDA_TRY(cudaMemsetAsync(b->k_cache_, 0x38, codes, b->stream_));
+    DF_CUDA_TRY(cudaMemsetAsync(b->v_cache_, 0x30, codes, b->stream_));
+    DF_CUDA_TRY(fill_random(b->k_scale_, core::DType::kF32,
+                            static_cast<int64_t>(2 * codes / b->config_.head_dim), seed + 17, 0.0f, 1.0f / 64,
+                            b->stream_));
+  } else if (kv_elems > 0) {
     DF_CUDA_TRY(fill_random(b->k_cache_, kv_dt, kv_elems, seed + 17, 1.0f, 0.0f, b->stream_));
     DF_CUDA_TRY(fill_random(b->v_cache_, kv_dt, kv_elems, seed + 18, 1.0f, 0.0f, b->stream_));
   }
@@ -461,6 +469,7 @@ core::Status CudaBackend::plan_memory() {
       opt_.max_context > 0 ? opt_.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
   plan_.max_context = max_ctx;
   plan_.kv_f32 = opt_.exact;
+  plan_.kv_fp8 = opt_.kv_fp8 && !opt_.exact;
   max_splits_ = attention_max_splits(max_ctx);
   conv_layer_ = C * (Kc - 1);
   conv_slot_ = n_lin * conv_layer_;
@@ -552,6 +561,9 @@ core::Status CudaBackend::plan_memory() {
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
   // The tile list, then the expert sort's scratch and the live tile count it writes.
   i(ws_.moe_tiles, E ? 3 * moe_tile_room_ + moe_sort_scratch_ints(E) + 1 : 1);
+  // fp8 KV: a prefill's keys and values widened to bf16 for the tensor-core prefill kernel.
+  ws_.kv_dequant_elems = plan_.kv_fp8 && n_full ? attention_dequant_elems(plan_.max_context, nkv, hd) : 0;
+  bufs.push_back({&ws_.kv_dequant, std::max<size_t>(static_cast<size_t>(ws_.kv_dequant_elems) * 2, 16)});
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
@@ -610,12 +622,14 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
     kv_slot_ = n_full * kv_layer_;
   }
   const int64_t kv_units = pages > 0 ? pages : slots;
-  const size_t kv_es = plan_.kv_f32 ? 4 : 2;
   const size_t conv_bytes = align_up(static_cast<size_t>(slots * conv_slot_) * 4, 256);
   const size_t gdn_bytes = align_up(static_cast<size_t>(slots * gdn_slot_) * 4, 256);
-  const size_t kv_bytes = align_up(static_cast<size_t>(kv_units * kv_slot_) * kv_es, 256);
+  const size_t kv_bytes = align_up(static_cast<size_t>(kv_units * kv_slot_) * kv_elem_bytes(), 256);
+  // fp8: after k and v, their scales, one fp32 per (position, kv head) row.
+  const size_t scale_bytes =
+      plan_.kv_fp8 ? align_up(static_cast<size_t>(kv_units * kv_slot_ / config_.head_dim) * 4, 256) : 0;
   plan_.states = conv_bytes + gdn_bytes;
-  plan_.kv = 2 * kv_bytes;
+  plan_.kv = 2 * (kv_bytes + scale_bytes);
   DF_TRY(device_alloc(&state_mem_, std::max<size_t>(plan_.states + plan_.kv, 256),
                       "the KV cache and recurrent states",
                       "lower --kv-cache-gb, --max-num-seqs, --max-model-len or --prefix-cache-gb "
@@ -625,6 +639,9 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
   gdn_states_ = reinterpret_cast<float*>(p + conv_bytes);
   k_cache_ = p + conv_bytes + gdn_bytes;
   v_cache_ = p + conv_bytes + gdn_bytes + kv_bytes;
+  k_scale_ = plan_.kv_fp8 ? reinterpret_cast<float*>(p + conv_bytes + gdn_bytes + 2 * kv_bytes) : nullptr;
+  v_scale_ = plan_.kv_fp8 ? reinterpret_cast<float*>(p + conv_bytes + gdn_bytes + 2 * kv_bytes + scale_bytes)
+                          : nullptr;
   DF_CUDA_TRY(cudaMemsetAsync(state_mem_, 0, plan_.states, stream_));
   if (pages > 0) {
     // Every table entry starts at the scratch page (the last): a row never bound reads finite numbers in
@@ -635,7 +652,7 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
     DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&table_host_), n * 4, cudaHostAllocDefault));
     for (size_t i = 0; i < n; ++i) table_host_[i] = static_cast<int>(pages - 1);
     DF_CUDA_TRY(cudaMemcpyAsync(block_table_, table_host_, n * 4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(cudaMemsetAsync(k_cache_, 0, 2 * kv_bytes, stream_));
+    DF_CUDA_TRY(cudaMemsetAsync(k_cache_, 0, plan_.kv, stream_));
   }
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
@@ -919,11 +936,16 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
 }
 
 KvCache CudaBackend::kv_view(int64_t type_index) const {
-  const size_t es = plan_.kv_f32 ? 4 : 2;
+  const size_t es = kv_elem_bytes();
   KvCache kv;
   kv.k = static_cast<uint8_t*>(k_cache_) + static_cast<size_t>(type_index * kv_layer_) * es;
   kv.v = static_cast<uint8_t*>(v_cache_) + static_cast<size_t>(type_index * kv_layer_) * es;
   kv.f32 = plan_.kv_f32;
+  if (plan_.kv_fp8) {
+    kv.fp8 = true;
+    kv.k_scale = k_scale_ + type_index * kv_layer_ / config_.head_dim;
+    kv.v_scale = v_scale_ + type_index * kv_layer_ / config_.head_dim;
+  }
   kv.slot_stride = kv_slot_;
   kv.max_ctx = plan_.max_context;
   if (block_table_) {
@@ -991,6 +1013,8 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
       aa.gate_head_stride = qw;
     }
     aa.out = ws_.attn + r0 * nh * hd;
+    aa.dequant = ws_.kv_dequant;
+    aa.dequant_elems = ws_.kv_dequant_elems;
     prof_.mark(sg.decode ? "attn decode" : "attn prefill", stream_);
     DF_CUDA_TRY(attention(aa, stream_));
     i = j;

@@ -36,8 +36,11 @@ struct CudaOptions {
   int64_t max_context = 0;       // KV cache positions per sequence; 0: min(max_position_embeddings, 32768)
   int64_t prefill_chunk = 4096;  // a longer prompt runs in chunks of this many tokens
   bool exact = false;            // fp32 into every matmul and an fp32 KV cache
-  bool cuda_graphs = true;       // capture the decode step per batch-size bucket
-  bool progress = false;         // a load progress bar on stderr (only when it is a terminal)
+  // The KV cache as E4M3 codes with an fp32 scale per (position, kv head) (--kv-cache-dtype fp8): half the
+  // bytes of bf16 per position. Not with exact.
+  bool kv_fp8 = false;
+  bool cuda_graphs = true;  // capture the decode step per batch-size bucket
+  bool progress = false;    // a load progress bar on stderr (only when it is a terminal)
   // No per-sequence states or KV at load: the engine's pools come with allocate_pools (the step seam through
   // SequenceStepper); max_sequences is then unused.
   bool engine_pools = false;
@@ -92,6 +95,7 @@ struct MemoryPlan {
   int slots = 0;  // state slots + 1 scratch slot (pads graph buckets)
   int64_t max_context = 0;
   bool kv_f32 = false;
+  bool kv_fp8 = false;
   int64_t kv_pages = 0;  // paged (allocate_pools): KV pages + 1 scratch page; else 0
 };
 
@@ -183,6 +187,9 @@ class CudaBackend final : public SequenceBackend {
   void destroy_graphs();
 
   // The KV cache of full-attention layer `type_index`.
+  // Bytes of one KV element (fp32, bf16 or an fp8 code) and of all k (or v) codes of the cache.
+  size_t kv_elem_bytes() const;
+  size_t kv_code_bytes() const;
   KvCache kv_view(int64_t type_index) const;
   // A run of a forward pass's rows: decode rows (one token of each of `rows` sequences, slots in ws_.slot),
   // or consecutive tokens of one sequence's prefill in `slot`, after which its recurrent state is also
@@ -263,6 +270,8 @@ class CudaBackend final : public SequenceBackend {
   float* gdn_states_ = nullptr;
   void* k_cache_ = nullptr;
   void* v_cache_ = nullptr;
+  float* k_scale_ = nullptr;  // fp8 KV: a scale per (position, kv head), laid out as the codes' rows
+  float* v_scale_ = nullptr;
   int64_t conv_layer_ = 0, conv_slot_ = 0, gdn_layer_ = 0, gdn_slot_ = 0, kv_layer_ = 0, kv_slot_ = 0;
   std::vector<bool> slot_used_;
   int scratch_slot_ = 0;  // the state slot (and, paged, table row) of a graph bucket's padding rows
@@ -288,6 +297,8 @@ class CudaBackend final : public SequenceBackend {
     size_t x16_elems = 0;
     void* gdn_chunk = nullptr;  // the chunked Gated DeltaNet prefill's records (gdn_chunked.cuh)
     size_t gdn_chunk_bytes = 0;
+    void* kv_dequant = nullptr;  // fp8 KV: a prefill's keys and values as bf16 (AttnArgs::dequant)
+    int64_t kv_dequant_elems = 0;
   } ws_;
   void* ws_mem_ = nullptr;
   // What ws_.x16 holds in place of an fp32 buffer its producer did not write: add_norm's xn, or the chunked

@@ -10,12 +10,23 @@ namespace deltaflow::backend::cuda {
 
 using model::LayerType;
 
+size_t CudaBackend::kv_elem_bytes() const {
+  return opt_.exact ? 4 : opt_.kv_fp8 ? 1 : 2;
+}
+
+size_t CudaBackend::kv_code_bytes() const {
+  return static_cast<size_t>(plan_.kv_pages > 0 ? plan_.kv_pages : plan_.slots) *
+         static_cast<size_t>(kv_slot_) * kv_elem_bytes();
+}
+
 size_t CudaBackend::kv_page_bytes() const {
   const auto& c = config_;
-  const size_t es = opt_.exact ? 4 : 2;
+  // Keys and values of every full-attention layer; fp8 adds a 4-byte scale per (position, kv head).
+  const size_t per_row =
+      static_cast<size_t>(c.head_dim) * kv_elem_bytes() + (opt_.kv_fp8 && !opt_.exact ? 4 : 0);
   return static_cast<size_t>(2 * c.count_layers(LayerType::kFullAttention) * c.num_key_value_heads *
-                             kPageSize * c.head_dim) *
-         es;
+                             kPageSize) *
+         per_row;
 }
 
 size_t CudaBackend::state_slot_bytes() const {
@@ -103,8 +114,8 @@ core::Status CudaBackend::copy_state(int32_t from, int32_t to) {
 }
 
 core::Status CudaBackend::copy_pages(std::span<const PageCopy> copies) {
-  const size_t es = plan_.kv_f32 ? 4 : 2;
-  const size_t bytes = static_cast<size_t>(kv_slot_) * es;  // one page of every layer, keys or values
+  const size_t bytes = static_cast<size_t>(kv_slot_) * kv_elem_bytes();  // one page of every layer, k or v
+  const size_t scale_bytes = static_cast<size_t>(kv_slot_ / config_.head_dim) * 4;  // fp8: its scales
   for (const PageCopy& c : copies) {
     if (c.from < 0 || c.to < 0 || c.from >= plan_.kv_pages - 1 || c.to >= plan_.kv_pages - 1)
       return core::Error{"copy_pages: page " + std::to_string(c.from) + " -> " + std::to_string(c.to) +
@@ -114,6 +125,13 @@ core::Status CudaBackend::copy_pages(std::span<const PageCopy> copies) {
       DF_CUDA_TRY(cudaMemcpyAsync(b + static_cast<size_t>(c.to) * bytes,
                                   b + static_cast<size_t>(c.from) * bytes, bytes, cudaMemcpyDeviceToDevice,
                                   stream_));
+    }
+    if (!plan_.kv_fp8) continue;
+    for (float* base : {k_scale_, v_scale_}) {
+      auto* b = reinterpret_cast<uint8_t*>(base);
+      DF_CUDA_TRY(cudaMemcpyAsync(b + static_cast<size_t>(c.to) * scale_bytes,
+                                  b + static_cast<size_t>(c.from) * scale_bytes, scale_bytes,
+                                  cudaMemcpyDeviceToDevice, stream_));
     }
   }
   return core::Status();
