@@ -264,13 +264,8 @@ __global__ void kernel_dequant_kv(AttnArgs a, __nv_bfloat16* dk, __nv_bfloat16* 
       uint32_t out[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-            static_cast<__nv_fp8x2_storage_t>(w[j / 2] >> (16 * (j & 1))), __NV_E4M3);
-        __half2 hh;
-        memcpy(&hh, &h, 4);
-        const float2 f = __half22float2(hh);
-        const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * sc, f.y * sc);
-        memcpy(&out[j], &b, 4);
+        const float2 f = fp8x2_to_float2(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
+        out[j] = float2_to_bf16x2(f.x * sc, f.y * sc);
       }
       *reinterpret_cast<uint4*>((kv ? dv : dk) + to) = make_uint4(out[0], out[1], out[2], out[3]);
     }

@@ -34,33 +34,37 @@ __device__ __forceinline__ uint8_t fp8_code(float x, float scale) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3));
 }
 
-// Two E4M3 codes (lo in the low byte) as bf16x2, exactly (every E4M3 value is a bf16 value).
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two) {
+// Two E4M3 codes (lo in the low byte) as floats, exactly.
+__device__ __forceinline__ float2 fp8x2_to_float2(uint16_t two) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   __half2 hh;
   memcpy(&hh, &h, 4);
-  const float2 f = __half22float2(hh);
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return __half22float2(hh);
+}
+
+// Two floats as bf16x2 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
   uint32_t u;
   memcpy(&u, &b, 4);
   return u;
+}
+
+// Two E4M3 codes as bf16x2, exactly (every E4M3 value is a bf16 value).
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two) {
+  const float2 f = fp8x2_to_float2(two);
+  return float2_to_bf16x2(f.x, f.y);
 }
 
 // 16 E4M3 codes as floats (code values, unscaled).
 __device__ __forceinline__ void unpack16(const uint4& v, float (&out)[16], Fp8E4m3) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const __half2_raw h =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * j)), __NV_E4M3);
-      __half2 hh;
-      memcpy(&hh, &h, 4);
-      const float2 f = __half22float2(hh);
-      out[4 * i + 2 * j] = f.x;
-      out[4 * i + 2 * j + 1] = f.y;
-    }
+  for (int i = 0; i < 8; ++i) {
+    const float2 f = fp8x2_to_float2(static_cast<uint16_t>(w[i / 2] >> (16 * (i & 1))));
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
 }
 
 // The (position, kv head) row index of kv_offset: where an fp8 cache keeps the row's scale.
