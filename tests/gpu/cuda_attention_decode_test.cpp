@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_decode.cuh"
 #include "core/dtype.hpp"
@@ -108,34 +109,13 @@ Batch make_batch(std::mt19937& rng, int nh, int nkv, int hd, std::vector<int> le
 }
 
 std::vector<float> cpu_decode(const Batch& b) {
-  const int nh = b.nh, nkv = b.nkv, hd = b.hd, grp = nh / nkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const int nh = b.nh, hd = b.hd, grp = nh / b.nkv;
   std::vector<float> out(b.lens.size() * nh * hd);
   for (size_t r = 0; r < b.lens.size(); ++r)
-    for (int h = 0; h < nh; ++h) {
-      const int n = b.lens[r], kvh = h / grp;
-      const float* q = b.q.data() + (r * nh + h) * hd;
-      std::vector<double> s(static_cast<size_t>(n)), o(static_cast<size_t>(hd), 0.0);
-      double mx = -INFINITY;
-      for (int j = 0; j < n; ++j) {
-        const float* k = b.k[r].data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
-        double d = 0;
-        for (int i = 0; i < hd; ++i) d += static_cast<double>(q[i]) * k[i];
-        s[j] = d * scale;
-        mx = std::max(mx, s[j]);
-      }
-      double l = 0;
-      for (int j = 0; j < n; ++j) {
-        const double w = std::exp(s[j] - mx);
-        l += w;
-        const float* v = b.v[r].data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += w * v[i];
-      }
-      const float* g = b.gate.data() + r * b.gate_ld + static_cast<int64_t>(h) * 2 * hd;
-      for (int i = 0; i < hd; ++i)
-        out[(r * nh + h) * hd + i] =
-            static_cast<float>(o[i] / l / (1.0 + std::exp(-static_cast<double>(g[i]))));
-    }
+    for (int h = 0; h < nh; ++h)
+      gpu_test::reference_attention_head(
+          b.q.data() + (r * nh + h) * hd, b.k[r].data(), b.v[r].data(), b.lens[r], b.nkv, h / grp, hd,
+          b.gate.data() + r * b.gate_ld + static_cast<int64_t>(h) * 2 * hd, out.data() + (r * nh + h) * hd);
   return out;
 }
 

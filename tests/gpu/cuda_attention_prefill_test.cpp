@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/attention_prefill.cuh"
 #include "core/dtype.hpp"
@@ -87,31 +88,13 @@ std::vector<float> cpu_prefill(const Problem& p, std::vector<int> rows = {}) {
   if (rows.empty())
     for (int t = 0; t < p.T; ++t) rows.push_back(t);
   const int nh = p.nh, nkv = p.nkv, hd = p.hd, grp = nh / nkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   std::vector<float> out(rows.size() * nh * hd);
   auto one = [&](size_t ri, int h) {
-    const int t = rows[ri], n = p.P + t + 1, kvh = h / grp;
-    const float* q = p.q.data() + (static_cast<size_t>(t) * nh + h) * hd;
-    std::vector<double> s(static_cast<size_t>(n)), o(static_cast<size_t>(hd), 0.0);
-    double mx = -INFINITY;
-    for (int j = 0; j < n; ++j) {
-      const float* k = p.k.data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
-      double d = 0;
-      for (int i = 0; i < hd; ++i) d += static_cast<double>(q[i]) * k[i];
-      s[j] = d * scale;
-      mx = std::max(mx, s[j]);
-    }
-    double l = 0;
-    for (int j = 0; j < n; ++j) {
-      const double w = std::exp(s[j] - mx);
-      l += w;
-      const float* v = p.v.data() + (static_cast<size_t>(j) * nkv + kvh) * hd;
-      for (int i = 0; i < hd; ++i) o[i] += w * v[i];
-    }
-    const float* g = p.gate.data() + t * p.gate_ld + static_cast<int64_t>(h) * 2 * hd;
-    for (int i = 0; i < hd; ++i)
-      out[(ri * nh + h) * hd + i] =
-          static_cast<float>(o[i] / l / (1.0 + std::exp(-static_cast<double>(g[i]))));
+    const int t = rows[ri];
+    gpu_test::reference_attention_head(p.q.data() + (static_cast<size_t>(t) * nh + h) * hd, p.k.data(),
+                                       p.v.data(), p.P + t + 1, nkv, h / grp, hd,
+                                       p.gate.data() + t * p.gate_ld + static_cast<int64_t>(h) * 2 * hd,
+                                       out.data() + (ri * nh + h) * hd);
   };
   const size_t jobs = rows.size() * nh;
   const unsigned nth = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));

@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "backend/backend.hpp"
 #include "backend/cuda/attention.cuh"
 #include "backend/kv_quant.hpp"
@@ -144,32 +145,13 @@ Fp8Prefill make(std::mt19937& rng, int nh, int nkv, int hd, int T, int P) {
 
 std::vector<float> reference(const Fp8Prefill& p) {
   const int grp = p.nh / p.nkv;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(p.hd));
   std::vector<float> out(static_cast<size_t>(p.T) * p.nh * p.hd);
   for (int t = 0; t < p.T; ++t)
-    for (int h = 0; h < p.nh; ++h) {
-      const int n = p.P + t + 1, kvh = h / grp;
-      std::vector<double> s(static_cast<size_t>(n)), o(static_cast<size_t>(p.hd), 0.0);
-      double mx = -INFINITY, l = 0;
-      for (int j = 0; j < n; ++j) {
-        double d = 0;
-        for (int i = 0; i < p.hd; ++i)
-          d += static_cast<double>(p.q[(static_cast<size_t>(t) * p.nh + h) * p.hd + i]) *
-               p.k[(static_cast<size_t>(j) * p.nkv + kvh) * p.hd + i];
-        s[j] = d * scale;
-        mx = std::max(mx, s[j]);
-      }
-      for (int j = 0; j < n; ++j) {
-        const double w = std::exp(s[j] - mx);
-        l += w;
-        for (int i = 0; i < p.hd; ++i) o[i] += w * p.v[(static_cast<size_t>(j) * p.nkv + kvh) * p.hd + i];
-      }
-      for (int i = 0; i < p.hd; ++i) {
-        const double g = p.gate[t * p.gate_ld + static_cast<int64_t>(h) * 2 * p.hd + i];
-        out[(static_cast<size_t>(t) * p.nh + h) * p.hd + i] =
-            static_cast<float>(o[i] / l / (1.0 + std::exp(-g)));
-      }
-    }
+    for (int h = 0; h < p.nh; ++h)
+      gpu_test::reference_attention_head(p.q.data() + (static_cast<size_t>(t) * p.nh + h) * p.hd, p.k.data(),
+                                         p.v.data(), p.P + t + 1, p.nkv, h / grp, p.hd,
+                                         p.gate.data() + t * p.gate_ld + static_cast<int64_t>(h) * 2 * p.hd,
+                                         out.data() + (static_cast<size_t>(t) * p.nh + h) * p.hd);
   return out;
 }
 
