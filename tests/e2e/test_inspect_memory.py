@@ -72,6 +72,22 @@ def test_serve_flags_change_the_plan():
     assert exact["kv per token"] == 2 * KV_TOKEN
 
 
+def test_fp8_kv_pages():
+    # E4M3 codes, a byte per element, and an fp32 scale per (position, kv head): 2 layers x K,V x 2 heads x
+    # (128 + 4) bytes a token; as many running pages as bf16, in fewer bytes. The workspace gains the bf16
+    # copy of a prefill's keys, one layer at a time: K and V of 4096 positions x 2 heads x 128 dims (in place
+    # of bf16's 16-byte placeholder, one 256-byte piece).
+    out, f = plan("--kv-cache-dtype", "fp8")
+    _, bf16 = plan()
+    assert "fp8 KV pages of 16 positions" in out
+    assert f["kv per token"] == 2 * 2 * 2 * (128 + 4)
+    assert f["running pages"] == bf16["running pages"]
+    assert f["kv cache"] < bf16["kv cache"]
+    assert f["workspace"] - bf16["workspace"] == 2 * 4096 * 2 * 128 * 2 - 256
+    p = run("inspect", HOUSE, "--kv-cache-dtype", "fp4", check=False)
+    assert p.returncode != 0 and "--kv-cache-dtype" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
 def test_gpu_memory_fits_and_sequences_that_fit():
     _, f = plan("--gpu-memory", 80)
     assert f["fits"] == "yes"
