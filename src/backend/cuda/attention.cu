@@ -265,7 +265,7 @@ __global__ void kernel_dequant_kv(AttnArgs a, __nv_bfloat16* dk, __nv_bfloat16* 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float2 f = fp8x2_to_float2(static_cast<uint16_t>(w[j / 2] >> (16 * (j & 1))));
-        out[j] = float2_to_bf16x2(f.x * sc, f.y * sc);
+        out[j] = pack_bf16(f.x * sc, f.y * sc);
       }
       *reinterpret_cast<uint4*>((kv ? dv : dk) + to) = make_uint4(out[0], out[1], out[2], out[3]);
     }

@@ -11,7 +11,7 @@ namespace deltaflow::backend::cuda {
 using model::LayerType;
 
 size_t CudaBackend::kv_elem_bytes() const {
-  return opt_.exact ? 4 : opt_.kv_fp8 ? 1 : 2;
+  return plan_.kv_f32 ? 4 : plan_.kv_fp8 ? 1 : 2;
 }
 
 size_t CudaBackend::kv_code_bytes() const {
@@ -22,8 +22,7 @@ size_t CudaBackend::kv_code_bytes() const {
 size_t CudaBackend::kv_page_bytes() const {
   const auto& c = config_;
   // Keys and values of every full-attention layer; fp8 adds a 4-byte scale per (position, kv head).
-  const size_t per_row =
-      static_cast<size_t>(c.head_dim) * kv_elem_bytes() + (opt_.kv_fp8 && !opt_.exact ? 4 : 0);
+  const size_t per_row = static_cast<size_t>(c.head_dim) * kv_elem_bytes() + (plan_.kv_fp8 ? 4 : 0);
   return static_cast<size_t>(2 * c.count_layers(LayerType::kFullAttention) * c.num_key_value_heads *
                              kPageSize) *
          per_row;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace deltaflow::backend::cuda {
 
@@ -42,18 +43,10 @@ __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t two) {
   return __half22float2(hh);
 }
 
-// Two floats as bf16x2 (round to nearest even), lo in the low half.
-__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &b, 4);
-  return u;
-}
-
 // Two E4M3 codes as bf16x2, exactly (every E4M3 value is a bf16 value).
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t two) {
   const float2 f = fp8x2_to_float2(two);
-  return float2_to_bf16x2(f.x, f.y);
+  return pack_bf16(f.x, f.y);
 }
 
 // 16 E4M3 codes as floats (code values, unscaled).
@@ -65,11 +58,6 @@ __device__ __forceinline__ void unpack16(const uint4& v, float (&out)[16], Fp8E4
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
-}
-
-// The (position, kv head) row index of kv_offset: where an fp8 cache keeps the row's scale.
-__device__ __forceinline__ int64_t kv_row(const KvCache& c, int row, int kvh, int pos, int hd) {
-  return kv_offset(c, row, kvh, pos, hd) / hd;
 }
 
 }  // namespace deltaflow::backend::cuda
