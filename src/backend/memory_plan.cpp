@@ -163,6 +163,11 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
       fp8 && n_full ? static_cast<size_t>(2 * max_ctx * c.num_key_value_heads * c.head_dim) * 2 : 0, 16));
   const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   s.add(std::max<size_t>(x16_elems * 2, 16));  // 16-bit copies of matmul inputs for cuBLASLt
+  // Quantized matmuls' buffers (a bf16 copy of one weight, fp16 activations), as a 16-bit checkpoint leaves
+  // them; the per-row factors of the fp16 activations.
+  s.add(16);
+  s.add(16);
+  s.add(32 * 4);
   s.add(std::max<size_t>(gdn_chunk_bytes(c, opt, R), 16));
   return s.size();
 }

@@ -287,7 +287,7 @@ int cmd_bench(const Argv& argv) {
   return fail(cmd, "this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)");
 #else
   ArgSpec spec{{"--synthetic", "--model", "--batches", "--contexts", "--prefill", "--steps", "--seed",
-                "--prefill-chunk", "--tensor-parallel-size", "--kv-cache-dtype"},
+                "--prefill-chunk", "--tensor-parallel-size", "--kv-cache-dtype", "--quant"},
                {"--json", "--no-graphs", "--profile"},
                0};
   auto args = Args::parse(argv, spec);
@@ -311,6 +311,11 @@ int cmd_bench(const Argv& argv) {
   const std::string kv_dtype = args->get("--kv-cache-dtype").value_or("auto");
   if (kv_dtype != "auto" && kv_dtype != "bf16" && kv_dtype != "fp8")
     return fail(cmd, "flag --kv-cache-dtype must be auto, bf16 or fp8, not '" + kv_dtype + "'");
+  const std::string quant = args->get("--quant").value_or("");
+  if (!quant.empty() && quant != "nvfp4" && quant != "fp8-block" && quant != "nvfp4-mixed")
+    return fail(cmd, "flag --quant must be nvfp4, fp8-block or nvfp4-mixed, not '" + quant + "'");
+  if (!quant.empty() && !synth)
+    return fail(cmd, "--quant makes synthetic weights: give --synthetic CONFIG.json");
   auto tp_flag = parse_tensor_parallel(*args, engine::Device::kCuda);
   if (!tp_flag) return fail(cmd, tp_flag.message());
   // Given (even as 1): through TpBackend and NCCL; absent: the plain backend.
@@ -348,6 +353,9 @@ int cmd_bench(const Argv& argv) {
   opt.max_context = std::min<int64_t>(need, config.max_position_embeddings);
   opt.prefill_chunk = *chunk;
   opt.kv_fp8 = kv_dtype == "fp8";
+  opt.synthetic_quant = quant;
+  if (!quant.empty() && (tp > 0 || config.is_moe()))
+    return fail(cmd, "--quant: dense models on one GPU only for now (the MoE experts stay bf16 on CUDA)");
   if (opt.kv_fp8 && tp > 0) return fail(cmd, "--kv-cache-dtype fp8: not with --tensor-parallel-size yet");
   // --profile times every op with events, so decode runs without graphs (their launch gaps show as time).
   const bool profile = args->has("--profile");
@@ -363,7 +371,15 @@ int cmd_bench(const Argv& argv) {
   // Bytes per weight element: bf16 when synthetic; else what the checkpoint holds on average.
   const double all_params = mc.dense + mc.expert * mc.moe_layers * static_cast<double>(config.num_experts) +
                             (config.tie_word_embeddings ? 1 : 2) * mc.lm_head;
-  const double wes = synth ? 2.0 : gpus * static_cast<double>(plan.weights) / all_params;
+  // With --quant: the bytes the weights hold but the embedding (bf16, one row read a token), per element.
+  const double embed_bytes = 2.0 * static_cast<double>(config.vocab_size * config.hidden_size);
+  // (A tied embedding is read whole as lm_head: then every byte counts.)
+  const double wes =
+      !quant.empty() && config.tie_word_embeddings ? static_cast<double>(plan.weights) / all_params
+      : !quant.empty()                             ? (static_cast<double>(plan.weights) - embed_bytes) /
+                             (all_params - static_cast<double>(config.vocab_size * config.hidden_size))
+      : synth ? 2.0
+              : gpus * static_cast<double>(plan.weights) / all_params;
   // Bytes per KV element; fp8 adds its row's 4-byte scale per head_dim elements.
   const double kv_es = plan.kv_f32   ? 4.0
                        : plan.kv_fp8 ? 1.0 + 4.0 / static_cast<double>(config.head_dim)
@@ -502,7 +518,8 @@ int cmd_bench(const Argv& argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("model       %s%s\n", name.c_str(), synth ? " (synthetic random weights)" : "");
+  std::printf("model       %s%s%s\n", name.c_str(), synth ? " (synthetic random weights)" : "",
+              quant.empty() ? "" : (" " + quant).c_str());
   std::printf(
       "device      %s%s\n", devices[0].name.c_str(),
       tp ? (" x " + std::to_string(tp) + ", tensor parallel through NCCL (memory per GPU)").c_str() : "");

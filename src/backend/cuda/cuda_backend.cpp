@@ -17,6 +17,7 @@
 #include "backend/cuda/gated_deltanet.cuh"
 #include "backend/cuda/gdn_chunked.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/gemv_quant.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/moe_grouped.cuh"
@@ -25,6 +26,7 @@
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/sampling_batch.hpp"
 #include "backend/memory_plan.hpp"
+#include "backend/quant_pack.hpp"
 #include "io/safetensors.hpp"
 #include "model/rope.hpp"
 #include "model/weight_summary.hpp"
@@ -62,6 +64,9 @@ struct Job {
   size_t off = 0, bytes = 0;
   const void* src = nullptr;
   std::vector<float> f32;
+  std::vector<uint8_t> owned;  // bytes made at load (quantized layouts, widened matrices)
+  bool quant_random = false;   // synthetic quantized weights: fill_quant_random(qw)
+  QuantWeight qw;
   bool random = false;
   core::DType dtype = core::DType::kBF16;
   int64_t n = 0;
@@ -71,17 +76,27 @@ struct Job {
 // Assigns offsets in one allocation. Run twice: first with base 0 to size it, then with the real base.
 class Layout {
  public:
-  Layout(uintptr_t base, const model::ModelWeights* w) : base_(base), w_(w) {}
+  Layout(uintptr_t base, const model::ModelWeights* w, std::string synthetic_quant = "")
+      : base_(base), w_(w), quant_(std::move(synthetic_quant)) {}
   bool synthetic() const { return w_ == nullptr; }
+  void set_float_only(bool f) { float_only_ = f; }
+  // Bytes of quantized weights the float-only regions widened to bf16.
+  uint64_t widened() const { return widened_; }
   size_t size() const { return size_; }
   std::vector<Job>& jobs() { return jobs_; }
 
   // A matrix made of the row blocks `parts` (one element type), or rows x cols of bf16 U(-scale, scale).
+  // gate_up: parts are [gate | up] (NVFP4 tiles interleaved for the SwiGLU GEMV); attn: an attention or
+  // Gated DeltaNet projection (what nvfp4-mixed keeps in FP8).
   core::Expected<DMat> mat(const std::vector<const model::Mat*>& parts, int64_t rows, int64_t cols,
-                           float scale, const std::string& what) {
+                           float scale, const std::string& what, bool gate_up = false, bool attn = false) {
     DMat m;
     m.rows = rows;
     m.cols = cols;
+    if (synthetic() && !quant_.empty() && !float_only_ && cols % kQuantTileCols == 0 && rows % 16 == 0) {
+      const bool fp8 = quant_ == "fp8-block" || (quant_ == "nvfp4-mixed" && attn);
+      return synthetic_quant(rows, cols, scale, fp8 ? (quant_ == "fp8-block" ? 128 : 0) : -1, gate_up);
+    }
     if (synthetic()) {
       m.dtype = core::DType::kBF16;
       Job j;
@@ -96,12 +111,19 @@ class Layout {
       return m;
     }
     if (parts.empty()) return core::Error{what + ": no tensor bound"};
+    bool any_quant = false, mixed = false;
+    for (const auto* p : parts) {
+      any_quant |= p->quantized();
+      mixed |= p->format != parts[0]->format || (!p->quantized() && p->dtype != parts[0]->dtype);
+    }
+    if (any_quant && float_only_) {
+      widened_ += static_cast<uint64_t>(rows * cols) * 2;
+      return widen(parts, rows, cols);
+    }
+    if (any_quant) return quant_mat(parts, rows, cols, what, gate_up, mixed);
     int64_t total = 0;
     m.dtype = parts[0]->dtype;
     for (const auto* p : parts) {
-      if (p->quantized())
-        return core::Error{"tensor '" + (p->name ? *p->name : what) + "' is " + model::describe_format(*p) +
-                           ": the CUDA backend has no quantized kernels yet (the CPU backend runs it)"};
       if (p->cols != cols) return core::Error{what + ": expected " + std::to_string(cols) + " columns"};
       if (p->dtype != m.dtype)
         return core::Error{what + ": the tensors of one projection group have different dtypes"};
@@ -140,6 +162,127 @@ class Layout {
     return p;
   }
 
+  // Quantized members: one matrix in the kernels' layout when they stack (pack_quant); else, for a group the
+  // GEMVs may keep apart, one DMat per member; else (a [gate | up] pair of different formats, a shape the
+  // kernels do not take) the values widened to bf16 here, exactly as the CPU reference reads them.
+  core::Expected<DMat> quant_mat(const std::vector<const model::Mat*>& parts, int64_t rows, int64_t cols,
+                                 const std::string& what, bool gate_up, bool mixed) {
+    int64_t total = 0;
+    for (const auto* p : parts) {
+      if (p->cols != cols) return core::Error{what + ": expected " + std::to_string(cols) + " columns"};
+      total += p->rows;
+    }
+    if (total != rows) return core::Error{what + ": expected " + std::to_string(rows) + " rows in all"};
+    if (!mixed) {
+      const bool interleave = gate_up && parts[0]->format == model::quant::WeightFormat::kNvfp4;
+      auto packed = pack_quant(parts, interleave, sizing_pass());
+      if (packed) return place(std::move(*packed));
+    }
+    if (!gate_up && parts.size() > 1) {
+      DMat m;
+      m.rows = rows;
+      m.cols = cols;
+      m.dtype = core::DType::kBF16;
+      for (const auto* p : parts) {
+        DF_ASSIGN(DMat d, mat({p}, p->rows, cols, 0.0f, what));
+        m.parts.push_back(std::move(d));
+      }
+      return m;
+    }
+    return widen(parts, rows, cols);
+  }
+
+  core::Expected<DMat> widen(const std::vector<const model::Mat*>& parts, int64_t rows, int64_t cols) {
+    DMat m;
+    m.rows = rows;
+    m.cols = cols;
+    m.dtype = core::DType::kBF16;
+    Job j;
+    j.bytes = m.bytes();
+    j.off = alloc(j.bytes);
+    m.data = ptr(j.off);
+    if (!sizing_pass()) {
+      j.owned.resize(j.bytes);
+      auto* out = reinterpret_cast<uint16_t*>(j.owned.data());
+      std::vector<float> row(static_cast<size_t>(cols));
+      int64_t r0 = 0;
+      for (const auto* p : parts) {
+        for (int64_t r = 0; r < p->rows; ++r) {
+          cpu::load_row(*p, r, row.data());
+          for (int64_t k = 0; k < cols; ++k)
+            out[(r0 + r) * cols + k] = core::f32_to_bf16(row[static_cast<size_t>(k)]);
+        }
+        r0 += p->rows;
+      }
+    }
+    jobs_.push_back(std::move(j));
+    return m;
+  }
+
+  // Places a packed matrix: codes, then its scales, each region its own job.
+  DMat place(PackedQuant p) {
+    DMat m;
+    m.rows = p.rows;
+    m.cols = p.cols;
+    m.quantized = true;
+    const bool nv = p.format == model::quant::WeightFormat::kNvfp4;
+    m.dtype = nv ? core::DType::kU8 : core::DType::kF8E4M3;
+    QuantWeight& q = m.q;
+    q.nvfp4 = nv;
+    q.N = p.rows;
+    q.K = p.cols;
+    q.interleave = p.interleave;
+    q.codes = m.data = ptr(own(std::move(p.codes), p.codes_bytes));
+    if (nv) {
+      q.scales = static_cast<const uint8_t*>(ptr(own(std::move(p.scales), p.scales_bytes)));
+      q.row_scales = static_cast<const float*>(ptr(own_floats(p.row_scales, p.row_scales_n)));
+    } else {
+      q.grid = static_cast<const float*>(ptr(own_floats(p.grid, p.grid_n)));
+      q.grid_cols = p.grid_cols;
+      q.block_rows = p.block_rows;
+      q.block_cols = p.block_cols;
+    }
+    return m;
+  }
+
+  // Random quantized weights of rows x cols: NVFP4 (block < 0) or FP8 with 128 x 128 blocks (block 128) or
+  // one scale per row (block 0); values near U(-scale, scale).
+  DMat synthetic_quant(int64_t rows, int64_t cols, float scale, int block, bool gate_up) {
+    DMat m;
+    m.rows = rows;
+    m.cols = cols;
+    m.quantized = true;
+    QuantWeight& q = m.q;
+    q.nvfp4 = block < 0;
+    q.N = rows;
+    q.K = cols;
+    q.interleave = q.nvfp4 && gate_up;
+    m.dtype = q.nvfp4 ? core::DType::kU8 : core::DType::kF8E4M3;
+    const size_t code_bytes =
+        q.nvfp4 ? static_cast<size_t>(nvfp4_padded_rows(rows) * cols / 2) : static_cast<size_t>(rows * cols);
+    q.codes = m.data = ptr(alloc(code_bytes));
+    size_t total = code_bytes;
+    if (q.nvfp4) {
+      q.scales = static_cast<const uint8_t*>(ptr(alloc(static_cast<size_t>(rows * cols / 16))));
+      q.row_scales = static_cast<const float*>(ptr(alloc(static_cast<size_t>(rows) * 4)));
+      total += static_cast<size_t>(rows * cols / 16 + rows * 4);
+    } else {
+      q.block_rows = block > 0 ? block : 1;
+      q.block_cols = block > 0 ? block : cols;
+      q.grid_cols = (cols + q.block_cols - 1) / q.block_cols;
+      const int64_t n = (rows + q.block_rows - 1) / q.block_rows * q.grid_cols;
+      q.grid = static_cast<const float*>(ptr(alloc(static_cast<size_t>(n) * 4)));
+      total += static_cast<size_t>(n) * 4;
+    }
+    Job j;
+    j.quant_random = true;
+    j.qw = q;
+    j.scale = scale;
+    j.bytes = total;
+    jobs_.push_back(std::move(j));
+    return m;
+  }
+
   float* values(std::vector<float> v) {
     Job j;
     j.bytes = v.size() * 4;
@@ -158,8 +301,29 @@ class Layout {
   }
   void* ptr(size_t off) const { return reinterpret_cast<void*>(base_ + off); }
 
+  // The sizing pass (base 0) only counts bytes: it makes no host copies.
+  bool sizing_pass() const { return base_ == 0; }
+  // `bytes` (empty in the sizing pass) of `n` bytes.
+  size_t own(std::vector<uint8_t> bytes, size_t n) {
+    Job j;
+    j.bytes = n;
+    j.off = alloc(j.bytes);
+    j.owned = std::move(bytes);
+    const size_t off = j.off;
+    jobs_.push_back(std::move(j));
+    return off;
+  }
+  size_t own_floats(const std::vector<float>& v, size_t n) {
+    std::vector<uint8_t> b(v.size() * 4);
+    if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+    return own(std::move(b), n * 4);
+  }
+
   uintptr_t base_;
   const model::ModelWeights* w_;
+  std::string quant_;
+  bool float_only_ = false;
+  uint64_t widened_ = 0;
   size_t size_ = 0;
   std::vector<Job> jobs_;
 };
@@ -171,8 +335,10 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float hs = 1.0f / std::sqrt(static_cast<float>(H));
   auto one = [](const model::Mat& m) { return std::vector<const model::Mat*>{&m}; };
+  lay.set_float_only(true);  // the embedding gather reads 16-bit rows
   DF_ASSIGN(embed,
             lay.mat(w ? one(w->embed_tokens) : std::vector<const model::Mat*>{}, V, H, 1.0f, "embed_tokens"));
+  lay.set_float_only(false);
   if (c.tie_word_embeddings) {
     lm_head = embed;
   } else {
@@ -206,22 +372,24 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
       if (lw)
         parts = {&lw->linear.in_proj_qkv, &lw->linear.in_proj_z, &lw->linear.in_proj_b,
                  &lw->linear.in_proj_a};
-      DF_ASSIGN(L.in_proj, lay.mat(parts, C + vd + 2 * nv, H, hs, what + " in_proj"));
+      DF_ASSIGN(L.in_proj, lay.mat(parts, C + vd + 2 * nv, H, hs, what + " in_proj", false, true));
       L.conv_w = lay.vec(lw ? &lw->linear.conv1d : nullptr, C * c.linear_conv_kernel_dim, 0.5f, 0.0f);
       L.dt_bias = lay.vec(lw ? &lw->linear.dt_bias : nullptr, nv, 0.2f, 1.0f);
       L.A_log = lay.vec(lw ? &lw->linear.A_log : nullptr, nv, 1.0f, 1.5f);
       L.gdn_norm = lay.vec(lw ? &lw->linear.norm : nullptr, dv, 0.1f, 1.0f);
-      DF_ASSIGN(L.out_proj, lay.mat(lw ? one(lw->linear.out_proj) : std::vector<const model::Mat*>{}, H, vd,
-                                    1.0f / std::sqrt(static_cast<float>(vd)), what + " out_proj"));
+      DF_ASSIGN(L.out_proj,
+                lay.mat(lw ? one(lw->linear.out_proj) : std::vector<const model::Mat*>{}, H, vd,
+                        1.0f / std::sqrt(static_cast<float>(vd)), what + " out_proj", false, true));
     } else {
       L.type_index = n_full++;
       std::vector<const model::Mat*> parts;
       if (lw) parts = {&lw->attn.q_proj, &lw->attn.k_proj, &lw->attn.v_proj};
-      DF_ASSIGN(L.qkv, lay.mat(parts, nh * qw + 2 * nkv * hd, H, hs, what + " q/k/v_proj"));
+      DF_ASSIGN(L.qkv, lay.mat(parts, nh * qw + 2 * nkv * hd, H, hs, what + " q/k/v_proj", false, true));
       L.q_norm = lay.vec(lw ? &lw->attn.q_norm : nullptr, hd, 0.1f, 0.0f);
       L.k_norm = lay.vec(lw ? &lw->attn.k_norm : nullptr, hd, 0.1f, 0.0f);
-      DF_ASSIGN(L.o_proj, lay.mat(lw ? one(lw->attn.o_proj) : std::vector<const model::Mat*>{}, H, nh * hd,
-                                  1.0f / std::sqrt(static_cast<float>(nh * hd)), what + " o_proj"));
+      DF_ASSIGN(L.o_proj,
+                lay.mat(lw ? one(lw->attn.o_proj) : std::vector<const model::Mat*>{}, H, nh * hd,
+                        1.0f / std::sqrt(static_cast<float>(nh * hd)), what + " o_proj", false, true));
     }
     if (!L.is_moe) {
       const int64_t I = c.intermediate_size;
@@ -230,7 +398,7 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
         gu = {&lw->mlp.gate_proj, &lw->mlp.up_proj};
         dn = {&lw->mlp.down_proj};
       }
-      DF_ASSIGN(L.gate_up, lay.mat(gu, 2 * I, H, hs, what + " gate/up_proj"));
+      DF_ASSIGN(L.gate_up, lay.mat(gu, 2 * I, H, hs, what + " gate/up_proj", true));
       DF_ASSIGN(L.down, lay.mat(dn, H, I, 1.0f / std::sqrt(static_cast<float>(I)), what + " down_proj"));
     } else {
       const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
@@ -246,6 +414,9 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
         sdn = {&lw->moe.shared_expert.down_proj};
         sg = {&lw->moe.shared_expert_gate};
       }
+      // The MoE kernels read 16-bit weights: quantized experts, router and shared expert are widened to bf16
+      // at load (quantized MoE kernels are not written yet; load() says so).
+      lay.set_float_only(true);
       // [router | shared_expert_gate] as one matrix, so that decode reads x once for both logits (when the
       // two share a dtype); router and shared_gate are views of it.
       if (!lw || lw->moe.router.dtype == lw->moe.shared_expert_gate.dtype) {
@@ -267,9 +438,10 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
       DF_ASSIGN(L.experts_down,
                 lay.mat(dn, E * H, Im, 1.0f / std::sqrt(static_cast<float>(Im)), what + " experts down"));
       L.experts_down.rows = H;
-      DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up"));
+      DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
       DF_ASSIGN(L.shared_down,
                 lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
+      lay.set_float_only(false);
     }
     layers.push_back(L);
   }
@@ -285,7 +457,7 @@ core::Status run_jobs(std::vector<Job>& jobs, uint8_t* base, uint64_t seed, bool
   void* staging[2] = {nullptr, nullptr};
   cudaEvent_t ev[2] = {nullptr, nullptr};
   bool any_upload = false;
-  for (const auto& j : jobs) any_upload |= !j.random;
+  for (const auto& j : jobs) any_upload |= !j.random && !j.quant_random;
   core::Status st;
   if (any_upload) {
     for (int i = 0; i < 2; ++i) {
@@ -297,12 +469,16 @@ core::Status run_jobs(std::vector<Job>& jobs, uint8_t* base, uint64_t seed, bool
   int buf = 0, last_pct = -1;
   for (size_t k = 0; k < jobs.size() && st.is_ok(); ++k) {
     const Job& j = jobs[k];
-    if (j.random) {
+    if (j.quant_random) {
+      st = cuda_status(fill_quant_random(j.qw, seed * 1000003u + k, j.scale, stream), "fill_quant_random");
+    } else if (j.random) {
       st = cuda_status(fill_random(base + j.off, j.dtype, j.n, seed * 1000003u + k, j.scale, j.shift, stream),
                        "fill_random");
     } else {
       const uint8_t* src =
-          static_cast<const uint8_t*>(j.src ? j.src : static_cast<const void*>(j.f32.data()));
+          static_cast<const uint8_t*>(j.src              ? j.src
+                                      : !j.owned.empty() ? static_cast<const void*>(j.owned.data())
+                                                         : j.f32.data());
       for (size_t o = 0; o < j.bytes && st.is_ok(); o += kStagingBytes) {
         const size_t len = std::min(kStagingBytes, j.bytes - o);
         st = cuda_status(cudaEventSynchronize(ev[buf]), "staging");
@@ -411,6 +587,12 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), &w);
   DF_TRY(lay_out_weights(b->layout_config(), &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
                          b->layers_));
+  if (lay.widened() > 0)
+    std::fprintf(
+        stderr,
+        "note: the CUDA backend has no quantized MoE kernels yet: the routed experts, router and shared "
+        "expert are widened to bf16 at load (%.2f GB)\n",
+        static_cast<double>(lay.widened()) / 1e9);
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), 0, opt.progress, b->stream_));
   DF_TRY(b->plan_memory());
   DF_TRY(b->warm_up());
@@ -424,13 +606,13 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   DF_TRY(b->init_device(c, opt));
   DF_TRY(b->enter_shard(nullptr, nullptr));
-  Layout sizing(0, nullptr);
+  Layout sizing(0, nullptr, opt.synthetic_quant);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_,
                          b->inv_freq_, b->layers_));
   DF_TRY(device_alloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256), "the weights",
                       "this model needs a larger GPU, or more GPUs (--tensor-parallel-size)"));
   b->plan_.weights = sizing.size();
-  Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr);
+  Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr, opt.synthetic_quant);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, lay, b->embed_, b->lm_head_, b->final_norm_,
                          b->inv_freq_, b->layers_));
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), seed, false, b->stream_));
@@ -566,6 +748,24 @@ core::Status CudaBackend::plan_memory() {
   bufs.push_back({&ws_.kv_dequant, std::max<size_t>(static_cast<size_t>(ws_.kv_dequant_elems) * 2, 16)});
   ws_.x16_elems = opt_.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
+  // Quantized matmuls: fp16 activations of one GEMV launch, and, when prefill chunks pass the decode buckets,
+  // the largest quantized weight but lm_head widened to bf16 (lm_head runs its rows on the GEMV).
+  size_t wdq = 0;
+  bool any_quant = lm_head_.quantized;
+  const auto widest = [&](const DMat& m) {
+    any_quant |= m.quantized || !m.parts.empty();
+    if (m.quantized) wdq = std::max(wdq, static_cast<size_t>(m.rows * m.cols));
+    for (const DMat& p : m.parts)
+      if (p.quantized) wdq = std::max(wdq, static_cast<size_t>(p.rows * p.cols));
+  };
+  for (const DLayer& L : layers_)
+    for (const DMat* m :
+         {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down})
+      widest(*m);
+  ws_.wdq_elems = !opt_.exact && R > kDecodeMaxRows ? wdq : 0;
+  bufs.push_back({&ws_.wdq, std::max<size_t>(ws_.wdq_elems * 2, 16)});
+  bufs.push_back({&ws_.xq, any_quant ? static_cast<size_t>(kQuantGemvMaxRows * Kmax) * 2 : 16});
+  f(ws_.xq_factor, kQuantGemvMaxRows);
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
   const int gk = static_cast<int>(c.linear_num_key_heads), gd = static_cast<int>(c.linear_key_head_dim),
             ge = static_cast<int>(c.linear_value_head_dim);
@@ -673,7 +873,7 @@ core::Status CudaBackend::tune_gemms() {
   };
   const auto tune_mlp = [&](const DMat& gu, const DMat& down, float* y) -> core::Status {
     if (mlp_in_16bit(T, gu, down)) {
-      DF_TRY(tune(gu, ws_.proj, gu.dtype));
+      DF_TRY(tune(gu, ws_.proj, gemm_type(gu)));
     } else {
       DF_TRY(tune(gu, ws_.proj, core::DType::kF32));
     }
@@ -803,8 +1003,8 @@ core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, co
   const int64_t H = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (next && next->cols == H && takes_gemm(n, *next)) {
-    x16_holds_ = {ws_.xn, n, H, next->dtype};
-    DF_CUDA_TRY(add_rmsnorm1p_16(ws_.h, y, n, H, w, eps, ws_.x16, next->dtype, stream_));
+    x16_holds_ = {ws_.xn, n, H, gemm_type(*next)};
+    DF_CUDA_TRY(add_rmsnorm1p_16(ws_.h, y, n, H, w, eps, ws_.x16, gemm_type(*next), stream_));
   } else {
     x16_holds_ = {};
     DF_CUDA_TRY(add_rmsnorm1p(ws_.h, y, n, H, w, eps, ws_.xn, stream_));
@@ -813,6 +1013,12 @@ core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, co
 }
 
 bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
+  if (!W.parts.empty()) return false;
+  // A quantized weight is widened for cuBLASLt only past the decode buckets: up to them, GEMV passes over the
+  // 4-bit or 8-bit codes read fewer bytes than writing and reading a bf16 copy.
+  if (W.quantized)
+    return !opt_.exact && T > kDecodeMaxRows && static_cast<size_t>(W.rows * W.cols) <= ws_.wdq_elems &&
+           static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   return !opt_.exact && T > kGemvMaxRows && half && W.cols % 8 == 0 &&
          static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
@@ -820,11 +1026,52 @@ bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
 
 GemmCall CudaBackend::gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
                                 int64_t ldy) const {
+  if (W.quantized) return GemmCall{ws_.wdq, core::DType::kBF16, W.rows, W.cols, x16, T, y, y_type, ldy};
   return GemmCall{W.data, W.dtype, W.rows, W.cols, x16, T, y, y_type, ldy};
+}
+
+core::Expected<DMat> CudaBackend::gemm_weight(const DMat& W) {
+  if (!W.quantized) return W;
+  DF_CUDA_TRY(dequantize_bf16(W.q, ws_.wdq, stream_));
+  DMat v;
+  v.data = ws_.wdq;
+  v.dtype = core::DType::kBF16;
+  v.rows = W.rows;
+  v.cols = W.cols;
+  return v;
+}
+
+core::Status CudaBackend::linear_quant(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y,
+                                       int64_t ldy, bool swiglu) {
+  if (W.cols % kQuantTileCols != 0)
+    return core::Error{"cuda backend: internal: a quantized matmul of " + std::to_string(W.cols) +
+                       " columns"};
+  for (int64_t t0 = 0; t0 < T; t0 += kQuantGemvMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kQuantGemvMaxRows, T - t0));
+    DF_CUDA_TRY(stage_activations_f16(x + t0 * ldx, ldx, rows, W.cols, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(gemv_quant(W.q, ws_.xq, ws_.xq_factor, rows, y + t0 * ldy, ldy, swiglu, stream_));
+  }
+  return core::Status();
 }
 
 core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
                                  bool force_fp32, bool swiglu, const GemvConv& conv) {
+  if (!W.parts.empty() || W.quantized) {
+    if (conv.w) return core::Error{"cuda backend: internal: the conv epilogue needs a plain in_proj"};
+    if (x == x16_holds_.src && !takes_gemm(T, W))
+      return core::Error{
+          "cuda backend: internal: the input is in ws_.x16 only, for a matmul that reads fp32"};
+  }
+  if (!W.parts.empty()) {
+    if (swiglu) return core::Error{"cuda backend: internal: SwiGLU over a split projection"};
+    int64_t r0 = 0;
+    for (const DMat& p : W.parts) {
+      DF_TRY(linear(x, ldx, T, p, y + r0, ldy, force_fp32));
+      r0 += p.rows;
+    }
+    return core::Status();
+  }
+  if (W.quantized && !(takes_gemm(T, W) && !swiglu)) return linear_quant(x, ldx, T, W, y, ldy, swiglu);
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   // The conv epilogue runs in the SIMT and scalar GEMV kernels only (gemv() refuses it on tensor cores).
   if (conv.w && T > kGemvSimtRows)
@@ -834,8 +1081,9 @@ core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const D
   if (x == x16_holds_.src && !gemm)
     return core::Error{"cuda backend: internal: the input is in ws_.x16 only, for a matmul that reads fp32"};
   if (gemm) {
-    DF_CUDA_TRY(stage_x16(x, ldx, T, W.cols, W.dtype));
-    return gemm_.run(gemm_call(ws_.x16, T, W, y, core::DType::kF32, ldy), stream_);
+    DF_CUDA_TRY(stage_x16(x, ldx, T, W.cols, gemm_type(W)));
+    DF_ASSIGN(const DMat Wg, gemm_weight(W));
+    return gemm_.run(gemm_call(ws_.x16, T, Wg, y, core::DType::kF32, ldy), stream_);
   }
   for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, T - t0));
@@ -863,7 +1111,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
   float* conv_base = conv_states_ + L.type_index * conv_layer_;
   float* gdn_base = gdn_states_ + L.type_index * gdn_layer_;
   bool conv_done = false;
-  if (one_decode && n <= kGemvSimtRows) {
+  if (one_decode && n <= kGemvSimtRows && L.in_proj.plain()) {
     prof_.mark("gdn in_proj+conv1d", stream_);
     const GemvConv conv{L.conv_w, K, C, conv_base, conv_slot_, ws_.slot, ws_.conv, C};
     DF_TRY(linear(ws_.xn, H, n, L.in_proj, ws_.proj, P, false, false, conv));
@@ -916,7 +1164,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
       to16 = one_prefill && L.out_proj.cols == vd && takes_gemm(n, L.out_proj);
       if (to16) {
         g.out16 = ws_.x16;
-        g.out16_type = L.out_proj.dtype;
+        g.out16_type = gemm_type(L.out_proj);
       }
       DF_CUDA_TRY(cuda::gated_deltanet_chunked(g, ws_.gdn_chunk, ws_.gdn_chunk_bytes, stream_));
     } else {
@@ -930,7 +1178,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
                                   static_cast<size_t>(gdn_layer_) * 4, cudaMemcpyDeviceToDevice, stream_));
     }
   }
-  x16_holds_ = to16 ? X16Holds{ws_.gdn, n, vd, L.out_proj.dtype} : X16Holds{};
+  x16_holds_ = to16 ? X16Holds{ws_.gdn, n, vd, gemm_type(L.out_proj)} : X16Holds{};
   prof_.mark("gdn out_proj", stream_);
   return linear(ws_.gdn, vd, n, L.out_proj, ws_.y, H);
 }
@@ -1024,7 +1272,7 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
 }
 
 bool CudaBackend::mlp_in_16bit(int64_t n, const DMat& gate_up, const DMat& down) const {
-  return takes_gemm(n, gate_up) && takes_gemm(n, down) && gate_up.dtype == down.dtype;
+  return takes_gemm(n, gate_up) && takes_gemm(n, down) && gemm_type(gate_up) == gemm_type(down);
 }
 
 core::Status CudaBackend::mlp_16bit(int64_t n, const DMat& gate_up, const DMat& down, float* y,
@@ -1032,14 +1280,16 @@ core::Status CudaBackend::mlp_16bit(int64_t n, const DMat& gate_up, const DMat& 
   // [gate | up] comes out of cuBLASLt in the weights' 16-bit type (ws_.proj), SwiGLU reads it and writes
   // down's input (ws_.x16): what transformers does with a bf16 checkpoint, fp32 arithmetic inside.
   const int64_t H = config_.hidden_size, I = down.cols;
-  const core::DType dt = gate_up.dtype;
+  const core::DType dt = gemm_type(gate_up);
   DF_CUDA_TRY(stage_x16(ws_.xn, H, n, H, dt));
-  DF_TRY(gemm_.run(gemm_call(ws_.x16, n, gate_up, ws_.proj, dt, 2 * I), stream_));
+  DF_ASSIGN(const DMat gu, gemm_weight(gate_up));
+  DF_TRY(gemm_.run(gemm_call(ws_.x16, n, gu, ws_.proj, dt, 2 * I), stream_));
   prof_.mark(swiglu_mark, stream_);
   x16_holds_ = {};
   DF_CUDA_TRY(swiglu(ws_.proj, dt, 2 * I, n, I, ws_.x16, dt, I, stream_));
   prof_.mark(down_mark, stream_);
-  return gemm_.run(gemm_call(ws_.x16, n, down, y, core::DType::kF32, H), stream_);
+  DF_ASSIGN(const DMat dn, gemm_weight(down));
+  return gemm_.run(gemm_call(ws_.x16, n, dn, y, core::DType::kF32, H), stream_);
 }
 
 core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {

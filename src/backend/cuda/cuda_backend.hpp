@@ -19,6 +19,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/gemm.hpp"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/gemv_quant.cuh"
 #include "backend/cuda/op_profile.hpp"
 #include "backend/memory_plan.hpp"
 #include "backend/sequence_backend.hpp"
@@ -48,14 +49,24 @@ struct CudaOptions {
   // slices of the weights (model/tensor_parallel.hpp) and all-reduces after the row-parallel matmuls.
   // nullptr: the whole model. Not owned; must outlive the backend.
   Collective* collective = nullptr;
+  // synthetic() only: quantized random weights, "nvfp4", "fp8-block" or "nvfp4-mixed" (bench --quant); ""
+  // bf16.
+  std::string synthetic_quant;
 };
 
-// A device matrix [rows, cols], row-major, in the checkpoint's element type.
+// A device matrix [rows, cols], row-major, in the checkpoint's element type; or quantized (NVFP4 or FP8 codes
+// at data, their scales in q: backend/quant_pack.hpp), or a projection group whose members are kept apart
+// (`parts`, their rows in order: members whose formats or scale grids differ).
 struct DMat {
   const void* data = nullptr;
   core::DType dtype = core::DType::kBF16;
   int64_t rows = 0, cols = 0;
+  bool quantized = false;
+  QuantWeight q;
+  std::vector<DMat> parts;
   size_t bytes() const { return static_cast<size_t>(rows * cols) * core::dtype_size(dtype); }
+  // A plain matrix of one 16- or 32-bit type in one allocation (what the float kernels take).
+  bool plain() const { return !quantized && parts.empty(); }
 };
 
 // One decoder layer on the device. Vectors are fp32.
@@ -232,6 +243,13 @@ class CudaBackend final : public SequenceBackend {
   // in fp32 or in W's type.
   GemmCall gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
                      int64_t ldy) const;
+  // The 16-bit type cuBLASLt runs W in (bf16 for quantized weights, widened first).
+  static core::DType gemm_type(const DMat& W) { return W.quantized ? core::DType::kBF16 : W.dtype; }
+  // W as cuBLASLt reads it: itself, or a quantized W widened to bf16 into ws_.wdq (enqueued on the stream).
+  core::Expected<DMat> gemm_weight(const DMat& W);
+  // y = x @ W^T for a quantized W: GEMV tiles of kQuantGemvMaxRows rows over fp16 activations.
+  core::Status linear_quant(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
+                            bool swiglu);
   // down(silu(gate(x)) * up(x)) of ws_.xn's n rows into y [n, H] through cuBLASLt in the weights' 16-bit type
   // end to end, when mlp_in_16bit (prefill); the marks (string literals) name its last two ops in the
   // profile.
@@ -297,6 +315,10 @@ class CudaBackend final : public SequenceBackend {
     size_t x16_elems = 0;
     void* gdn_chunk = nullptr;  // the chunked Gated DeltaNet prefill's records (gdn_chunked.cuh)
     size_t gdn_chunk_bytes = 0;
+    void* xq = nullptr;          // quantized matmuls: the activations in fp16 (stage_activations_f16)
+    float* xq_factor = nullptr;  // and their per-row factors
+    void* wdq = nullptr;         // a quantized weight widened to bf16 for cuBLASLt (prefill)
+    size_t wdq_elems = 0;
     void* kv_dequant = nullptr;  // fp8 KV: a prefill's keys and values as bf16 (AttnArgs::dequant)
     int64_t kv_dequant_elems = 0;
   } ws_;

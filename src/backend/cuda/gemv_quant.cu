@@ -1,0 +1,498 @@
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstring>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemv_quant.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
+
+namespace deltaflow::backend::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr float kNvfp4Unshift = 16384.0f;  // the fp16 form of an E2M1 code is its value * 2^-14
+
+struct QArgs {
+  QuantWeight w;
+  const int* expert;  // grouped form when set
+  int x_div;
+  const __half* x;  // [T, K]
+  const float* factor;
+  int T;
+  float* y;
+  int64_t ldy;
+  int64_t n_out;  // N, or N / 2 with SwiGLU
+};
+
+// The four fp16 pairs of one NVFP4 lane word (quant_pack.hpp): slot s's magnitudes to bits 9..11 / 25..27
+// and its signs to bits 15 / 31; an fp16 with exponent field 0..3 and that mantissa bit is exactly the E2M1
+// value * 2^-14 (code 1, 0.5, is the subnormal 2^-15).
+__device__ __forceinline__ void nvfp4_word_to_f16(uint32_t w, uint32_t (&a)[4]) {
+  const uint32_t s3 = w << 3;
+  a[0] = ((w << 9) & 0x0E000E00u) | (s3 & 0x80008000u);
+  a[1] = ((w << 6) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+  a[2] = (s3 & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+  a[3] = w & 0x8E008E00u;
+}
+
+// Two E4M3 codes (the low 16 bits of v, first code lowest) as an fp16 pair: exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  return u;
+}
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t v) {
+  const uint32_t h = e4m3x2_to_f16x2(v);
+  __half2 hh;
+  memcpy(&hh, &h, 4);
+  return __half22float2(hh);
+}
+__device__ __forceinline__ float e4m3_to_float(uint8_t b) {
+  return e4m3x2_to_float2(b).x;
+}
+
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  constexpr float kV[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kV[code & 7];
+  return code & 8 ? -v : v;
+}
+
+// The matrix row of row r of NVFP4 tile t (quant_pack.cpp, nvfp4_tile_row); -1 for padding.
+__device__ __forceinline__ int64_t tile_row(const QuantWeight& w, int64_t t, int r) {
+  if (w.interleave) return r < 8 ? 8 * t + r : w.N / 2 + 8 * t + (r - 8);
+  const int64_t n = t * 16 + r;
+  return n < w.N ? n : -1;
+}
+
+// Points a, x, factor and y at problem blockIdx.y of the grouped form.
+__device__ __forceinline__ void enter_problem(QArgs& a) {
+  const int g = blockIdx.y;
+  const int64_t e = a.expert[g];
+  a.w.codes = static_cast<const uint8_t*>(a.w.codes) + e * a.w.codes_stride;
+  if (a.w.scales) a.w.scales += e * a.w.scales_stride;
+  if (a.w.row_scales) a.w.row_scales += e * a.w.row_stride;
+  if (a.w.grid) a.w.grid += e * a.w.grid_stride;
+  a.x += static_cast<int64_t>(g / a.x_div) * a.w.K;
+  a.factor += g / a.x_div;
+  a.y += static_cast<int64_t>(g) * a.ldy;
+}
+
+// The KS warps of a group add their accumulators in a fixed order; true in the warp that then holds the sum.
+template <int TN, int KS>
+__device__ __forceinline__ bool reduce_k_split(float (&acc)[TN][4], float (*red)[TN * 4][32], int warp,
+                                               int lane) {
+  if constexpr (KS == 1) {
+    return true;
+  } else {
+    const int grp = warp / KS, kp = warp % KS;
+#pragma unroll
+    for (int j = 0; j < TN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    if (kp != 0) return false;
+#pragma unroll
+    for (int j = 0; j < TN; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = 0.0f;
+#pragma unroll
+        for (int p = 0; p < KS; ++p) s += red[grp * KS + p][j * 4 + e][lane];
+        acc[j][e] = s;
+      }
+    return true;
+  }
+}
+
+// One warp per 16-row tile (KS warps splitting its column tiles), TN tiles of 8 activation rows, U column
+// tiles' codes in flight.
+template <int TN, int U, int KS, bool SW>
+__global__ void __launch_bounds__(kThreads) kernel_gemv_nvfp4(QArgs a) {
+  constexpr int kGroups = kWarps / KS;
+  __shared__ float red[KS > 1 ? kWarps : 1][TN * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / KS, kp = warp % KS;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t tiles_r = (a.w.N + 15) / 16, tiles_k = a.w.K / 64;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kGroups + grp;
+  const bool active = t < tiles_r;
+  if (a.expert) {
+    pdl_wait();
+    enter_problem(a);
+  }
+  const int64_t r_lo = active ? tile_row(a.w, t, g) : -1, r_hi = active ? tile_row(a.w, t, g + 8) : -1;
+  const int64_t sr_lo = r_lo < 0 ? 0 : r_lo, sr_hi = r_hi < 0 ? 0 : r_hi;
+  const uint4* wt = reinterpret_cast<const uint4*>(a.w.codes) + (active ? t : 0) * tiles_k * 32 + lane;
+  const uint32_t* s_lo = reinterpret_cast<const uint32_t*>(a.w.scales + sr_lo * (a.w.K / 16));
+  const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(a.w.scales + sr_hi * (a.w.K / 16));
+  const __half* xr[TN];
+#pragma unroll
+  for (int j = 0; j < TN; ++j) xr[j] = a.x + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.w.K + 4 * q;
+
+  pdl_launch_dependents();
+  if (active && !a.expert) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (kp + u * KS < tiles_k) prefetch_l2(wt + (kp + u * KS) * 32);
+  }
+  pdl_wait();
+
+  float acc[TN][4];
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+  if (active) {
+    for (int64_t k0 = kp; k0 < tiles_k; k0 += KS * U) {
+      uint4 wv[U];
+      uint32_t sl[U], sh[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kt = k0 + static_cast<int64_t>(u) * KS;
+        const bool ok = kt < tiles_k;
+        wv[u] = ok ? __ldcs(wt + kt * 32) : make_uint4(0, 0, 0, 0);
+        sl[u] = ok ? __ldg(s_lo + kt) : 0u;
+        sh[u] = ok ? __ldg(s_hi + kt) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kt = k0 + static_cast<int64_t>(u) * KS;
+        if (kt >= tiles_k) continue;
+        const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+        for (int jg = 0; jg < 4; ++jg) {
+          uint32_t av[4];
+          nvfp4_word_to_f16(words[jg], av);
+          const float2 s = e4m3x2_to_float2(__byte_perm(sl[u], sh[u], jg | ((jg + 4) << 4)));
+#pragma unroll
+          for (int j = 0; j < TN; ++j) {
+            const uint2 b = __ldg(reinterpret_cast<const uint2*>(xr[j] + kt * 64 + jg * 16));
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_m16n8k16<__half>(part, av[0], av[1], av[2], av[3], b.x, b.y);
+            acc[j][0] = fmaf(s.x, part[0], acc[j][0]);
+            acc[j][1] = fmaf(s.x, part[1], acc[j][1]);
+            acc[j][2] = fmaf(s.y, part[2], acc[j][2]);
+            acc[j][3] = fmaf(s.y, part[3], acc[j][3]);
+          }
+        }
+      }
+    }
+  }
+  if (!reduce_k_split<TN, KS>(acc, red, warp, lane) || !active) return;
+  const float rs_lo = r_lo < 0 ? 0.0f : a.w.row_scales[r_lo] * kNvfp4Unshift;
+  const float rs_hi = r_hi < 0 ? 0.0f : a.w.row_scales[r_hi] * kNvfp4Unshift;
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = j * 8 + 2 * q + c;
+      if (tok >= a.T) continue;
+      const float f = a.factor[tok];
+      const float lo = acc[j][c] * rs_lo * f, hi = acc[j][2 + c] * rs_hi * f;
+      if constexpr (SW) {
+        a.y[tok * a.ldy + 8 * t + g] = silu_f(lo) * hi;
+      } else {
+        if (r_lo >= 0) a.y[tok * a.ldy + r_lo] = lo;
+        if (r_hi >= 0) a.y[tok * a.ldy + r_hi] = hi;
+      }
+    }
+}
+
+// FP8: one warp per 16 weight rows (with SwiGLU 8 gate rows over the matching 8 up rows), read row-major.
+template <int TN, int U, int KS, bool SW>
+__global__ void __launch_bounds__(kThreads) kernel_gemv_fp8(QArgs a) {
+  constexpr int kGroups = kWarps / KS;
+  constexpr int kTileOut = SW ? 8 : 16;
+  __shared__ float red[KS > 1 ? kWarps : 1][TN * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / KS, kp = warp % KS;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t tiles_k = a.w.K / 64;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kGroups + grp) * kTileOut;
+  const bool active = o0 < a.n_out;
+  if (a.expert) {
+    pdl_wait();
+    enter_problem(a);
+  }
+  int64_t r_lo, r_hi;
+  if constexpr (SW) {
+    r_lo = min64(o0 + g, a.n_out - 1);
+    r_hi = r_lo + a.n_out;
+  } else {
+    r_lo = min64(o0 + g, a.w.N - 1);
+    r_hi = min64(o0 + g + 8, a.w.N - 1);
+  }
+  const uint8_t* codes = static_cast<const uint8_t*>(a.w.codes);
+  const uint4* wl = reinterpret_cast<const uint4*>(codes + r_lo * a.w.K) + q;
+  const uint4* wh = reinterpret_cast<const uint4*>(codes + r_hi * a.w.K) + q;
+  const float* g_lo = a.w.grid + (r_lo / a.w.block_rows) * a.w.grid_cols;
+  const float* g_hi = a.w.grid + (r_hi / a.w.block_rows) * a.w.grid_cols;
+  const uint4* xr[TN];
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+    xr[j] =
+        reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.w.K) + 2 * q;
+
+  pdl_launch_dependents();
+  if (active && !a.expert) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (kp + u * KS < tiles_k) {
+        prefetch_l2(wl + (kp + u * KS) * 4);
+        prefetch_l2(wh + (kp + u * KS) * 4);
+      }
+  }
+  pdl_wait();
+
+  float acc[TN][4];
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+  if (active) {
+    for (int64_t k0 = kp; k0 < tiles_k; k0 += KS * U) {
+      uint4 vl[U], vh[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kt = k0 + static_cast<int64_t>(u) * KS;
+        const bool ok = kt < tiles_k;
+        vl[u] = ok ? __ldcs(wl + kt * 4) : make_uint4(0, 0, 0, 0);
+        vh[u] = ok ? __ldcs(wh + kt * 4) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t kt = k0 + static_cast<int64_t>(u) * KS;
+        if (kt >= tiles_k) continue;
+        const int64_t gc = (kt * 64) / a.w.block_cols;
+        const float sc_lo = __ldg(g_lo + gc), sc_hi = __ldg(g_hi + gc);
+        const uint32_t lo[4] = {vl[u].x, vl[u].y, vl[u].z, vl[u].w};
+        const uint32_t hi[4] = {vh[u].x, vh[u].y, vh[u].z, vh[u].w};
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          const uint4 xa = __ldg(xr[j] + kt * 8), xb = __ldg(xr[j] + kt * 8 + 1);
+          const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+          float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int jg = 0; jg < 4; ++jg)
+            mma_m16n8k16<__half>(part, e4m3x2_to_f16x2(lo[jg]), e4m3x2_to_f16x2(hi[jg]),
+                                 e4m3x2_to_f16x2(lo[jg] >> 16), e4m3x2_to_f16x2(hi[jg] >> 16), xw[2 * jg],
+                                 xw[2 * jg + 1]);
+          acc[j][0] = fmaf(sc_lo, part[0], acc[j][0]);
+          acc[j][1] = fmaf(sc_lo, part[1], acc[j][1]);
+          acc[j][2] = fmaf(sc_hi, part[2], acc[j][2]);
+          acc[j][3] = fmaf(sc_hi, part[3], acc[j][3]);
+        }
+      }
+    }
+  }
+  if (!reduce_k_split<TN, KS>(acc, red, warp, lane) || !active) return;
+#pragma unroll
+  for (int j = 0; j < TN; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = j * 8 + 2 * q + c;
+      if (tok >= a.T) continue;
+      const float f = a.factor[tok];
+      const float lo = acc[j][c] * f, hi = acc[j][2 + c] * f;
+      if constexpr (SW) {
+        const int64_t o = o0 + g;
+        if (o < a.n_out) a.y[tok * a.ldy + o] = silu_f(lo) * hi;
+      } else {
+        const int64_t o = o0 + g;
+        if (o < a.w.N) a.y[tok * a.ldy + o] = lo;
+        if (o + 8 < a.w.N) a.y[tok * a.ldy + o + 8] = hi;
+      }
+    }
+}
+
+template <int TN, int U, int KS>
+cudaError_t launch_q(const QArgs& a, bool sw, int groups, cudaStream_t s) {
+  constexpr int kGroups = kWarps / KS;
+  if (a.w.nvfp4) {
+    const int64_t tiles = (a.w.N + 15) / 16;
+    const dim3 grid(grid_1d(tiles, kGroups), static_cast<unsigned>(groups));
+    if (sw) return launch(kernel_gemv_nvfp4<TN, U, KS, true>, grid, dim3(kThreads), 0, s, a);
+    return launch(kernel_gemv_nvfp4<TN, U, KS, false>, grid, dim3(kThreads), 0, s, a);
+  }
+  const int64_t per = sw ? 8 : 16;
+  const dim3 grid(grid_1d((a.n_out + per - 1) / per, kGroups), static_cast<unsigned>(groups));
+  if (sw) return launch(kernel_gemv_fp8 < TN, U / 2 ? U / 2 : 1, KS, true >, grid, dim3(kThreads), 0, s, a);
+  return launch(kernel_gemv_fp8 < TN, U / 2 ? U / 2 : 1, KS, false >, grid, dim3(kThreads), 0, s, a);
+}
+
+// Warps splitting K: enough blocks to fill the GPU when the matrix has few row tiles.
+template <int TN>
+cudaError_t by_split(const QArgs& a, bool sw, int groups, cudaStream_t s) {
+  const int64_t tiles = (a.w.N + 15) / 16 * groups;
+  if (tiles >= 2048) return launch_q<TN, 4, 1>(a, sw, groups, s);
+  if (tiles >= 512) return launch_q<TN, 4, 2>(a, sw, groups, s);
+  return launch_q<TN, 4, 4>(a, sw, groups, s);
+}
+
+cudaError_t run(const QArgs& a0, bool sw, int groups, cudaStream_t s) {
+  QArgs a = a0;
+  const QuantWeight& w = a.w;
+  if (w.N == 0 || a.T == 0 || groups == 0) return cudaSuccess;
+  if (a.T < 0 || a.T > kQuantGemvMaxRows || w.K % 64 != 0 || groups > 65535 || a.x_div <= 0 ||
+      (sw && w.N % 16 != 0) || (sw && w.nvfp4 && !w.interleave) ||
+      (!w.nvfp4 && (!w.grid || w.block_cols < 64)) || (w.nvfp4 && (!w.scales || !w.row_scales)))
+    return cudaErrorInvalidValue;
+  a.n_out = sw ? w.N / 2 : w.N;
+  if (a.T <= 8) return by_split<1>(a, sw, groups, s);
+  if (a.T <= 16) return by_split<2>(a, sw, groups, s);
+  return by_split<4>(a, sw, groups, s);
+}
+
+// ---- staging, dequantization, random fill
+
+__global__ void __launch_bounds__(256)
+    kernel_stage(const float* x, int64_t ldx, int64_t K, __half* xh, float* factor) {
+  pdl_enter();
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const float* row = x + t * ldx;
+  float m = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(row[k]));
+  m = warp_max(m);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) red[w] = m;
+  __syncthreads();
+  float amax = 0.0f;
+  for (int i = 0; i < (blockDim.x >> 5); ++i) amax = fmaxf(amax, red[i]);
+  int e = 0;
+  if (isfinite(amax) && amax >= 32768.0f) {
+    int ex;
+    frexpf(amax, &ex);  // amax < 2^ex
+    e = ex - 15;
+  }
+  const float down = ldexpf(1.0f, -e);
+  if (threadIdx.x == 0) factor[t] = ldexpf(1.0f, e);
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xh[t * K + k] = __float2half_rn(row[k] * down);
+}
+
+__global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
+  const int64_t tiles_k = w.K / 64, words = (w.N + 15) / 16 * tiles_k * 128;
+  const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t tile = i / 128, t = tile / tiles_k, kt = tile % tiles_k;
+    const int lane = static_cast<int>((i % 128) / 4), jg = static_cast<int>(i % 4);
+    const int g = lane >> 2, q = lane & 3;
+    const uint32_t word = codes[i];
+#pragma unroll
+    for (int slot = 0; slot < 4; ++slot) {
+      const int64_t n = tile_row(w, t, (slot & 1) ? g + 8 : g);
+      if (n < 0) continue;
+      const int64_t k = kt * 64 + jg * 16 + 4 * q + (slot >= 2 ? 2 : 0);
+      const float sb = e4m3_to_float(w.scales[n * (w.K / 16) + k / 16]) * w.row_scales[n];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t code =
+            ((word >> (16 * half + 3 * slot)) & 7) | (((word >> (16 * half + 12 + slot)) & 1) << 3);
+        out[n * w.K + k + half] = __float2bfloat16_rn(e2m1_value(code) * sb);
+      }
+    }
+  }
+}
+
+__global__ void kernel_dequant_fp8(QuantWeight w, __nv_bfloat16* out) {
+  const int64_t quads = w.N * w.K / 4;
+  const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < quads;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = (4 * i) / w.K, k = (4 * i) % w.K;
+    const float sc = w.grid[(n / w.block_rows) * w.grid_cols + k / w.block_cols];
+    const uint32_t v = codes[i];
+    const float2 a = e4m3x2_to_float2(v), b = e4m3x2_to_float2(v >> 16);
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + n * w.K + k);
+    o[0] = __floats2bfloat162_rn(a.x * sc, a.y * sc);
+    o[1] = __floats2bfloat162_rn(b.x * sc, b.y * sc);
+  }
+}
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(x ^ (x >> 31));
+}
+
+// kind 0: any byte (E2M1 pairs), 1: E4M3 codes but NaN, 2: E4M3 in [0.5, 1); fp32 entries: value.
+__global__ void kernel_fill_bytes(uint8_t* p, int64_t n, uint64_t seed, int kind) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint8_t b = static_cast<uint8_t>(hash32(seed * 0x100000001B3ull + static_cast<uint64_t>(i)));
+    if (kind == 1 && (b & 0x7f) == 0x7f) b ^= 1;
+    if (kind == 2) b = 0x30 | (b & 7);
+    p[i] = b;
+  }
+}
+__global__ void kernel_fill_value(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>(grid_1d(n, 256), 8192));
+}
+
+}  // namespace
+
+cudaError_t stage_activations_f16(const float* x, int64_t ldx, int T, int64_t K, void* xh, float* factor,
+                                  cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  return launch(kernel_stage, dim3(static_cast<unsigned>(T)), dim3(256), 0, stream, x, ldx, K,
+                static_cast<__half*>(xh), factor);
+}
+
+cudaError_t gemv_quant(const QuantWeight& W, const void* xh, const float* factor, int T, float* y,
+                       int64_t ldy, bool swiglu, cudaStream_t stream) {
+  QArgs a{W, nullptr, 1, static_cast<const __half*>(xh), factor, T, y, ldy, 0};
+  return run(a, swiglu, 1, stream);
+}
+
+cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int groups, const void* xh,
+                               const float* factor, int x_div, float* y, int64_t ldy, bool swiglu,
+                               cudaStream_t stream) {
+  if (!expert) return cudaErrorInvalidValue;
+  QArgs a{W, expert, x_div, static_cast<const __half*>(xh), factor, 1, y, ldy, 0};
+  return run(a, swiglu, groups, stream);
+}
+
+cudaError_t dequantize_bf16(const QuantWeight& W, void* out, cudaStream_t stream) {
+  if (W.N == 0) return cudaSuccess;
+  if (W.K % 64 != 0) return cudaErrorInvalidValue;
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (W.nvfp4) {
+    kernel_dequant_nvfp4<<<grid_for((W.N + 15) / 16 * (W.K / 64) * 128), 256, 0, stream>>>(W, o);
+  } else {
+    kernel_dequant_fp8<<<grid_for(W.N * W.K / 4), 256, 0, stream>>>(W, o);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t fill_quant_random(const QuantWeight& W, uint64_t seed, float scale, cudaStream_t stream) {
+  auto* codes = const_cast<uint8_t*>(static_cast<const uint8_t*>(W.codes));
+  if (W.nvfp4) {
+    const int64_t bytes = (W.N + 15) / 16 * 16 * W.K / 2, sb = W.N * W.K / 16;
+    kernel_fill_bytes<<<grid_for(bytes), 256, 0, stream>>>(codes, bytes, seed, 0);
+    kernel_fill_bytes<<<grid_for(sb), 256, 0, stream>>>(const_cast<uint8_t*>(W.scales), sb, seed + 1, 2);
+    kernel_fill_value<<<grid_for(W.N), 256, 0, stream>>>(const_cast<float*>(W.row_scales), W.N,
+                                                         scale / 6.0f * 1.33f);
+  } else {
+    const int64_t gr = (W.N + W.block_rows - 1) / W.block_rows;
+    kernel_fill_bytes<<<grid_for(W.N * W.K), 256, 0, stream>>>(codes, W.N * W.K, seed, 1);
+    kernel_fill_value<<<grid_for(gr * W.grid_cols), 256, 0, stream>>>(const_cast<float*>(W.grid),
+                                                                      gr * W.grid_cols, scale / 448.0f);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace deltaflow::backend::cuda
