@@ -1,17 +1,22 @@
 #include "backend/memory_plan.hpp"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "backend/quant_pack.hpp"
 
 namespace deltaflow::backend {
 
 namespace {
 
-// Constants of the CUDA backend the plan depends on (kLogitRows in cuda_backend.cpp, kGemvMaxRows in
-// gemv.cuh, kAttnSplitKeys and kAttnMaxSplits in attention.cuh, kGemmWorkspace in cuda_backend.cpp,
-// kGdnChunkLen in gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
+// Constants of the CUDA backend the plan depends on (kLogitRows and kDecodeMaxRows in cuda_backend.cpp,
+// kGemvMaxRows in gemv.cuh, kAttnSplitKeys and kAttnMaxSplits in attention.cuh, kGemmWorkspace in
+// cuda_backend.cpp, kGdnChunkLen in gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
 constexpr int64_t kLogitRows = 256;
-constexpr int64_t kGemvMaxRows = 32;
+constexpr int64_t kGemvMaxRows = 32;  // also kQuantGemvMaxRows (gemv_quant.cuh)
+constexpr int64_t kDecodeMaxRows = 256;
 constexpr int64_t kAttnSplitKeys = 64;
 constexpr int64_t kAttnMaxSplits = 128;
 constexpr size_t kGemmWorkspace = 32u << 20;
@@ -33,49 +38,274 @@ class Sizer {
   size_t size_ = 0;
 };
 
-size_t weight_bytes(const model::TextConfig& c, size_t es) {
+// The checkpoint's text-model prefix its quantization config names modules under.
+std::string module_prefix(const model::TextConfig& c, const MemoryPlanOptions& opt) {
+  if (!opt.module_prefix.empty()) return opt.module_prefix;
+  return c.multimodal_layout ? "model.language_model." : "model.";
+}
+
+// A linear module as the checkpoint's quantization config describes it (its checkpoint name, prefix
+// included): a Mat without data whose format, shape and scale grid are those the binder would give it, so
+// that pack_quant's layout pass sizes it as the CUDA backend places it.
+model::Mat planned_mat(const model::TextConfig& c, const std::string& module, int64_t rows, int64_t cols,
+                       core::DType float_dtype) {
+  static const uint8_t kNoData = 0;  // ScaleView::empty() is a null pointer; the layout pass reads no entry
+  model::Mat m(nullptr, float_dtype, rows, cols);
+  if (!c.quant.quantized()) return m;
+  const model::quant::LinearScheme s = c.quant.scheme_for(module);
+  if (!s.supported || s.format == model::quant::WeightFormat::kFloat) return m;
+  m.format = s.format;
+  m.scale.data = &kNoData;
+  if (s.format == model::quant::WeightFormat::kNvfp4) {
+    m.dtype = core::DType::kU8;
+    m.scale = {&kNoData, core::DType::kF8E4M3,     rows, cols / model::quant::kNvfp4Group,
+               1,        model::quant::kNvfp4Group};
+    return m;
+  }
+  m.dtype = core::DType::kF8E4M3;
+  using model::quant::Fp8Scales;
+  const int64_t br = s.fp8_scales == Fp8Scales::kTensor    ? rows
+                     : s.fp8_scales == Fp8Scales::kChannel ? 1
+                                                           : s.block_rows;
+  const int64_t bc = s.fp8_scales == Fp8Scales::kBlock ? s.block_cols : cols;
+  m.scale = {&kNoData, core::DType::kF32, (rows + br - 1) / br, (cols + bc - 1) / bc, br, bc};
+  return m;
+}
+
+// How the CUDA backend's Layout::mat places one matrix made of `parts`: float parts in their dtype; quantized
+// parts that stack in the kernels' layout (codes, then each scale array, each its own piece); a group of
+// different formats as one matrix per part; else (a [gate | up] pair of different formats, or float_only:
+// the MoE matrices and the embedding) widened to bf16.
+enum class Placement : uint8_t { kFloat, kPacked, kParts, kWidened };
+
+Placement place(const std::vector<model::Mat>& parts, bool gate_up, bool float_only, PackedQuant* packed) {
+  bool any_quant = false, mixed = false;
+  for (const auto& p : parts) {
+    any_quant |= p.quantized();
+    mixed |= p.format != parts[0].format || (!p.quantized() && p.dtype != parts[0].dtype);
+  }
+  if (!any_quant) return Placement::kFloat;
+  if (float_only) return Placement::kWidened;
+  if (!mixed) {
+    std::vector<const model::Mat*> ptrs;
+    for (const auto& p : parts) ptrs.push_back(&p);
+    const bool interleave = gate_up && parts[0].format == model::quant::WeightFormat::kNvfp4;
+    auto pq = pack_quant(ptrs, interleave, true);
+    if (pq) {
+      *packed = std::move(*pq);
+      return Placement::kPacked;
+    }
+  }
+  return !gate_up && parts.size() > 1 ? Placement::kParts : Placement::kWidened;
+}
+
+void add_matrix(Sizer& s, const std::vector<model::Mat>& parts, int64_t rows, int64_t cols, bool gate_up,
+                bool float_only) {
+  PackedQuant pq;
+  switch (place(parts, gate_up, float_only, &pq)) {
+    case Placement::kFloat:
+      s.add(static_cast<size_t>(rows * cols) * core::dtype_size(parts[0].dtype));
+      return;
+    case Placement::kPacked:
+      s.add(pq.codes_bytes);
+      if (pq.format == model::quant::WeightFormat::kNvfp4) {
+        s.add(pq.scales_bytes);
+        s.add(pq.row_scales_n * 4);
+      } else {
+        s.add(pq.grid_n * 4);
+      }
+      return;
+    case Placement::kParts:
+      for (const auto& p : parts) add_matrix(s, {p}, p.rows, cols, false, false);
+      return;
+    case Placement::kWidened:
+      s.add(static_cast<size_t>(rows * cols) * 2);
+      return;
+  }
+}
+
+// The routed experts of one MoE layer (module prefix `m`): one expert's [gate | up] (gate_up, 2 rows x cols
+// per part) or down matrix as the config gives expert 0, and whether the experts keep a quantized layout
+// (CudaBackend's Layout::experts_pack: quantized, packing, not exact) with one expert's arrays.
+struct ExpertPack {
+  model::Mat mat;
+  bool packs = false;
+  PackedQuant one;
+};
+
+ExpertPack expert_pack(const model::TextConfig& c, const std::string& m, int64_t rows, int64_t cols,
+                       bool gate_up, bool exact) {
+  ExpertPack e;
+  const std::string base = m + "experts.0.";
+  std::vector<model::Mat> parts;
+  if (gate_up)
+    parts = {planned_mat(c, base + "gate_proj", rows, cols, core::DType::kBF16),
+             planned_mat(c, base + "up_proj", rows, cols, core::DType::kBF16)};
+  else
+    parts = {planned_mat(c, base + "down_proj", rows, cols, core::DType::kBF16)};
+  e.mat = parts[0];
+  if (exact || !parts[0].quantized() || (gate_up && parts[1].format != parts[0].format)) return e;
+  std::vector<const model::Mat*> ptrs;
+  for (const auto& p : parts) ptrs.push_back(&p);
+  auto pq = pack_quant(ptrs, gate_up && parts[0].format == model::quant::WeightFormat::kNvfp4, true);
+  if (!pq) return e;
+  e.packs = true;
+  e.one = std::move(*pq);
+  return e;
+}
+
+size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core::DType dt, bool exact) {
   using model::LayerType;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim();
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
-  auto mat = [&](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols) * es; };
+  auto lin = [&](const std::string& module, int64_t rows, int64_t cols) {
+    return planned_mat(c, module, rows, cols, dt);
+  };
   auto vec = [](int64_t n) { return static_cast<size_t>(n) * 4; };
   Sizer s;
-  s.add(mat(V, H));                                      // embed_tokens
-  if (!c.tie_word_embeddings) s.add(mat(V, H));          // lm_head
-  s.add(vec(H));                                         // final norm
-  s.add(vec(std::max<int64_t>(c.rotary_dim() / 2, 1)));  // inv_freq
+  add_matrix(s, {model::Mat(nullptr, dt, V, H)}, V, H, false, true);                      // embed_tokens
+  if (!c.tie_word_embeddings) add_matrix(s, {lin("lm_head", V, H)}, V, H, false, false);  // lm_head
+  s.add(vec(H));                                                                          // final norm
+  s.add(vec(std::max<int64_t>(c.rotary_dim() / 2, 1)));                                   // inv_freq
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string L = prefix + "layers." + std::to_string(i) + ".";
     s.add(vec(H));  // input norm
     s.add(vec(H));  // post-attention norm
     if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
-      s.add(mat(C + vd + 2 * nv, H));  // in_proj [qkv | z | b | a]
+      const std::string g = L + "linear_attn.";
+      add_matrix(s,
+                 {lin(g + "in_proj_qkv", C, H), lin(g + "in_proj_z", vd, H), lin(g + "in_proj_b", nv, H),
+                  lin(g + "in_proj_a", nv, H)},
+                 C + vd + 2 * nv, H, false, false);  // in_proj [qkv | z | b | a]
       s.add(vec(C * c.linear_conv_kernel_dim));
       s.add(vec(nv));  // dt_bias
       s.add(vec(nv));  // A_log
       s.add(vec(dv));  // gated norm
-      s.add(mat(H, vd));
+      add_matrix(s, {lin(g + "out_proj", H, vd)}, H, vd, false, false);
     } else {
-      s.add(mat(nh * qw + 2 * nkv * hd, H));  // q/k/v_proj
+      const std::string a = L + "self_attn.";
+      add_matrix(
+          s, {lin(a + "q_proj", nh * qw, H), lin(a + "k_proj", nkv * hd, H), lin(a + "v_proj", nkv * hd, H)},
+          nh * qw + 2 * nkv * hd, H, false, false);  // q/k/v_proj
       s.add(vec(hd));
       s.add(vec(hd));
-      s.add(mat(H, nh * hd));
+      add_matrix(s, {lin(a + "o_proj", H, nh * hd)}, H, nh * hd, false, false);
     }
     if (!c.layer_is_moe(i)) {
-      s.add(mat(2 * c.intermediate_size, H));
-      s.add(mat(H, c.intermediate_size));
+      const int64_t I = c.intermediate_size;
+      const std::string m = L + "mlp.";
+      add_matrix(s, {lin(m + "gate_proj", I, H), lin(m + "up_proj", I, H)}, 2 * I, H, true, false);
+      add_matrix(s, {lin(m + "down_proj", H, I)}, H, I, false, false);
     } else {
+      // The router and shared expert gate stay float (widened to bf16 when quantized). The experts' format is
+      // their first expert's (the config gives every expert the same scheme; resolving thousands of names
+      // is slow): quantized, they keep the kernels' layout (not in exact mode); else they are widened.
       const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-      s.add(mat(E + 1, H));  // [router | shared expert gate]
-      s.add(mat(E * 2 * Im, H));
-      s.add(mat(E * H, Im));
-      s.add(mat(2 * Is, H));
-      s.add(mat(H, Is));
+      const std::string m = L + "mlp.";
+      const model::Mat router = lin(m + "gate", E, H), sgate = lin(m + "shared_expert_gate", 1, H);
+      if (router.dtype == sgate.dtype) {
+        add_matrix(s, {router, sgate}, E + 1, H, false, true);  // [router | shared expert gate]
+      } else {
+        add_matrix(s, {router}, E, H, false, true);
+        add_matrix(s, {sgate}, 1, H, false, true);
+      }
+      const ExpertPack gu = expert_pack(c, m, Im, H, true, exact),
+                       dn = expert_pack(c, m, H, Im, false, exact);
+      if (gu.packs && dn.packs) {
+        // Quantized experts in the kernels' layout, E copies of one expert's arrays; the shared expert in
+        // its own format.
+        for (const ExpertPack* e : {&gu, &dn}) {
+          s.add(e->one.codes_bytes * static_cast<size_t>(E));
+          if (e->one.format == model::quant::WeightFormat::kNvfp4) {
+            s.add(e->one.scales_bytes * static_cast<size_t>(E));
+            s.add(e->one.row_scales_n * 4 * static_cast<size_t>(E));
+          } else {
+            s.add(e->one.grid_n * 4 * static_cast<size_t>(E));
+          }
+        }
+      } else {
+        add_matrix(s, {gu.mat}, E * 2 * Im, H, false, true);
+        add_matrix(s, {dn.mat}, E * H, Im, false, true);
+      }
+      const bool shared_float = !(gu.packs && dn.packs);
+      add_matrix(s, {lin(m + "shared_expert.gate_proj", Is, H), lin(m + "shared_expert.up_proj", Is, H)},
+                 2 * Is, H, true, shared_float);
+      add_matrix(s, {lin(m + "shared_expert.down_proj", H, Is)}, H, Is, false, shared_float);
     }
   }
   return s.size();
+}
+
+// What CudaBackend::plan_memory sizes its quantized-matmul buffers by: the largest quantized matrix (or
+// part) the layers keep in a quantized layout (wdq: its bf16 copy, for prefill chunks past the decode
+// buckets), and whether any matrix runs the quantized GEMV (lm_head too).
+struct QuantBuffers {
+  size_t widest = 0;
+  bool any = false;
+  bool experts = false;     // quantized routed experts (decode stages T * K slots' activations)
+  size_t expert_elems = 0;  // every expert of one projection widened (steps past kGemvMaxRows rows)
+};
+
+QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix, bool exact) {
+  QuantBuffers qb;
+  if (!c.quant.quantized()) return qb;
+  const int64_t H = c.hidden_size;
+  const int64_t nv = c.linear_num_value_heads, C = c.linear_conv_dim(), vd = c.linear_value_dim();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  qb.any = !c.tie_word_embeddings && planned_mat(c, "lm_head", 16, H, core::DType::kBF16).quantized();
+  auto group = [&](const std::vector<model::Mat>& parts, bool gate_up) {
+    PackedQuant pq;
+    const Placement pl = place(parts, gate_up, false, &pq);
+    if (pl == Placement::kPacked) {
+      qb.any = true;
+      qb.widest = std::max(qb.widest, static_cast<size_t>(pq.rows * pq.cols));
+    } else if (pl == Placement::kParts) {
+      qb.any = true;
+      for (const auto& p : parts) {
+        PackedQuant one;
+        if (place({p}, false, false, &one) == Placement::kPacked)
+          qb.widest = std::max(qb.widest, static_cast<size_t>(p.rows * p.cols));
+      }
+    }
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string L = prefix + "layers." + std::to_string(i) + ".";
+    auto lin = [&](const std::string& m, int64_t r, int64_t k) {
+      return planned_mat(c, L + m, r, k, core::DType::kBF16);
+    };
+    if (c.layer_types[static_cast<size_t>(i)] == model::LayerType::kLinearAttention) {
+      group({lin("linear_attn.in_proj_qkv", C, H), lin("linear_attn.in_proj_z", vd, H),
+             lin("linear_attn.in_proj_b", nv, H), lin("linear_attn.in_proj_a", nv, H)},
+            false);
+      group({lin("linear_attn.out_proj", H, vd)}, false);
+    } else {
+      group({lin("self_attn.q_proj", nh * qw, H), lin("self_attn.k_proj", nkv * hd, H),
+             lin("self_attn.v_proj", nkv * hd, H)},
+            false);
+      group({lin("self_attn.o_proj", H, nh * hd)}, false);
+    }
+    if (!c.layer_is_moe(i)) {
+      const int64_t I = c.intermediate_size;
+      group({lin("mlp.gate_proj", I, H), lin("mlp.up_proj", I, H)}, true);
+      group({lin("mlp.down_proj", H, I)}, false);
+    }
+    if (c.layer_is_moe(i)) {
+      const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+      const std::string m = L + "mlp.";
+      if (expert_pack(c, m, Im, H, true, exact).packs && expert_pack(c, m, H, Im, false, exact).packs) {
+        qb.any = qb.experts = true;
+        qb.expert_elems = static_cast<size_t>(E * std::max(2 * Im * H, H * Im));
+        const int64_t Is = c.shared_expert_intermediate_size;
+        group({lin("mlp.shared_expert.gate_proj", Is, H), lin("mlp.shared_expert.up_proj", Is, H)}, true);
+        group({lin("mlp.shared_expert.down_proj", H, Is)}, false);
+      }
+    }
+  }
+  return qb;
 }
 
 // The chunked Gated DeltaNet prefill's per-chunk records for one R-token sequence (fast mode only; as
@@ -163,11 +393,15 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
       fp8 && n_full ? static_cast<size_t>(2 * max_ctx * c.num_key_value_heads * c.head_dim) * 2 : 0, 16));
   const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   s.add(std::max<size_t>(x16_elems * 2, 16));  // 16-bit copies of matmul inputs for cuBLASLt
-  // Quantized matmuls' buffers (a bf16 copy of one weight, fp16 activations), as a 16-bit checkpoint leaves
-  // them; the per-row factors of the fp16 activations.
-  s.add(16);
-  s.add(16);
-  s.add(32 * 4);
+  // Quantized matmuls: a bf16 copy of the widest quantized weight when prefill chunks pass the decode
+  // buckets, the fp16 activations of one GEMV launch, their per-row factors.
+  const QuantBuffers qb = quant_buffers(c, module_prefix(c, opt), opt.exact);
+  size_t wdq = !opt.exact && R > kDecodeMaxRows ? qb.widest : 0;
+  if (qb.experts && R > kGemvMaxRows) wdq = std::max(wdq, qb.expert_elems);
+  const int64_t xq_rows = qb.experts ? kGemvMaxRows * std::max<int64_t>(K, 1) : kGemvMaxRows;
+  s.add(std::max<size_t>(wdq * 2, 16));
+  s.add(qb.any ? static_cast<size_t>(xq_rows * Kmax) * 2 : 16);
+  s.add(static_cast<size_t>(xq_rows) * 4);
   s.add(std::max<size_t>(gdn_chunk_bytes(c, opt, R), 16));
   return s.size();
 }
@@ -204,7 +438,7 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
                          (static_cast<size_t>(c.head_dim) * kv_es + (p.kv_fp8 ? 4 : 0));
   p.kv_page_bytes = p.kv_bytes_per_token * kCudaPageSize;
   p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;
-  p.weights = weight_bytes(c, core::dtype_size(opt.matrix_dtype));
+  p.weights = weight_bytes(c, module_prefix(c, opt), opt.matrix_dtype, opt.exact);
   p.workspace = workspace_bytes(c, opt, max_ctx);
   p.gemm_workspace = kGemmWorkspace;
   return p;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.hpp"
 #include "model/config.hpp"
@@ -26,11 +27,16 @@ struct MemoryPlanOptions {
   int64_t prefill_chunk = 4096;                   // as CudaOptions
   bool exact = false;                             // fp32 KV cache and no 16-bit activation copies
   bool kv_fp8 = false;                            // as CudaOptions: E4M3 KV + a scale per row (not exact)
-  core::DType matrix_dtype = core::DType::kBF16;  // element type of the weight matrices
+  core::DType matrix_dtype = core::DType::kBF16;  // element type of the float weight matrices
+  // Quantized checkpoints (the config's quant): each linear module's scheme resolves under this text-model
+  // prefix, and is sized as the CUDA backend lays it out (NVFP4 / FP8 in the kernels' layout, MoE matrices
+  // widened to bf16). Empty: "model.language_model." for the multimodal layout, else "model.".
+  std::string module_prefix;
 };
 
 struct MemoryPlanEstimate {
-  size_t weights = 0;         // one allocation: matrices in matrix_dtype, norms and small vectors in fp32
+  size_t weights = 0;  // one allocation: float matrices in matrix_dtype, quantized ones in the kernels'
+                       // layout, norms and small vectors in fp32
   size_t kv = 0;              // K and V of every full-attention layer, all slots, max_context positions
   size_t states = 0;          // conv + fp32 Gated DeltaNet states, all slots
   size_t workspace = 0;       // activations for one forward of max(prefill_chunk, 32) rows, and the logits

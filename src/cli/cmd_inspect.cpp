@@ -27,16 +27,16 @@ void print_bytes(const char* label, size_t bytes, const std::string& note) {
 // The CUDA backend's plan at load for the engine a server would run with these flags (pool_plan.hpp sizes
 // the pools, backend/memory_plan.hpp the bytes); GB are 1e9 bytes.
 void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolPlan& pools,
-                       const engine::SchedulerOptions& o, core::DType matrix_dtype, double gpu_gb) {
+                       const engine::SchedulerOptions& o, const std::string& weights, double gpu_gb) {
   const long long len = static_cast<long long>(p.max_context);
   std::printf(
       "memory plan:    cuda backend, %d sequences of up to %lld positions, %s KV pages of %d positions, "
-      "%s weights\n",
+      "%s\n",
       o.max_num_seqs, len,
       p.kv_f32   ? "fp32"
       : p.kv_fp8 ? "fp8"
                  : "bf16",
-      backend::kCudaPageSize, std::string(core::dtype_name(matrix_dtype)).c_str());
+      backend::kCudaPageSize, weights.c_str());
   print_bytes("weights:", p.weights, "");
   std::printf("  %-18s %14llu bytes\n",
               "kv per token:", static_cast<unsigned long long>(p.kv_bytes_per_token));
@@ -154,6 +154,7 @@ int cmd_inspect(const Argv& argv) {
   plan_opt.exact = args->has("--exact");
   plan_opt.kv_fp8 = eng->kv_cache_dtype == backend::KvCacheDtype::kFp8;
   plan_opt.matrix_dtype = w ? w->embed_tokens.dtype : core::DType::kBF16;
+  if (w) plan_opt.module_prefix = w->prefix;
   const auto unit = backend::estimate_memory_plan(c, plan_opt);
   engine::PoolGeometry geo;
   geo.model_len = unit.max_context;
@@ -165,6 +166,11 @@ int cmd_inspect(const Argv& argv) {
   plan_opt.kv_pages = pools->kv_pages();
   plan_opt.state_slots = pools->state_slots();
 
+  // The weights as the plan counts them: the stored float dtype, or the quantization's formats.
+  std::string weights = std::string(core::dtype_name(plan_opt.matrix_dtype)) + " weights";
+  if (c.quant.quantized())
+    weights = "weights " + c.quant.summary + " (float modules " +
+              std::string(core::dtype_name(plan_opt.matrix_dtype)) + ")";
   std::string pattern;
   for (auto t : c.layer_types) pattern += t == model::LayerType::kFullAttention ? 'F' : 'L';
   std::map<std::string, std::pair<size_t, uint64_t>> formats;  // dtype -> (tensors, bytes)
@@ -200,9 +206,10 @@ int cmd_inspect(const Argv& argv) {
     std::printf("ffn:            SwiGLU %lld\n", static_cast<long long>(c.intermediate_size));
   std::printf("embeddings:     %s\n", c.tie_word_embeddings ? "tied" : "untied lm_head");
   if (!w) {
-    std::printf("checkpoint:     config.json only (no .safetensors here): the plan counts bf16 weights\n");
-    print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, plan_opt.matrix_dtype,
-                      *gpu_gb);
+    std::printf(
+        "checkpoint:     config.json only (no .safetensors here): the plan counts %s\n",
+        c.quant.quantized() ? "the quantization config's formats (float modules as bf16)" : "bf16 weights");
+    print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, weights, *gpu_gb);
     return 0;
   }
   std::printf("parameters:     %lld (text model)\n", static_cast<long long>(w->parameter_count));
@@ -223,7 +230,7 @@ int cmd_inspect(const Argv& argv) {
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));
   print_weight_formats(c, *w, args->has("--tensors"));
-  print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, plan_opt.matrix_dtype, *gpu_gb);
+  print_memory_plan(backend::estimate_memory_plan(c, plan_opt), *pools, *eng, weights, *gpu_gb);
   return 0;
 }
 

@@ -125,3 +125,20 @@ def test_config_only_plans_before_the_weights(tmp_path):
     m = re.search(r"sequences that fit:\s+(\d+) sequences of 262144 positions", out)
     fixed = f["weights"] + f["workspace"] + (f["cache pages"] + 1) * (1 << 20) + (f["cache slots"] + 1) * 156893184
     assert int(m.group(1)) == (141 * 10**9 - fixed) // (16384 * (1 << 20) + 156893184) == 4
+
+
+def test_config_only_quantized_27b_fits_a_32gb_gpu_at_32k():
+    """nvidia/Qwen3.6-27B-NVFP4's config alone (bench/configs/qwen3.6-27b-nvfp4: MIXED_PRECISION): the plan
+    counts NVFP4 and FP8 weights as the CUDA backend lays them out (tests/unit/backend_memory_plan_test.cpp
+    works the bytes out by hand) and fits a 32 GB GPU with a 32K context; Qwen's FP8 block checkpoint does
+    not."""
+    configs = os.path.join(os.path.dirname(FIXTURES), "..", "bench", "configs")
+    out, f = plan("--max-model-len", 32768, "--gpu-memory", 32, model=os.path.join(configs, "qwen3.6-27b-nvfp4"))
+    assert "the quantization config's formats" in out and "MIXED_PRECISION" in out
+    assert f["weights"] == 20168038656
+    assert re.search(r"fits:\s+yes", out)
+    m = re.search(r"sequences that fit:\s+(\d+) sequences of 32768 positions", out)
+    assert int(m.group(1)) >= 1
+    out, f = plan("--max-model-len", 32768, "--gpu-memory", 32, model=os.path.join(configs, "qwen3.6-27b-fp8"))
+    assert f["weights"] == 29476270336
+    assert re.search(r"fits:\s+no", out)

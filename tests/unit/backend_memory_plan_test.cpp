@@ -50,6 +50,55 @@ TEST(MemoryPlan, Qwen36_27bByHand) {
   EXPECT_EQ(p.total(), p.weights + p.kv + p.states + p.workspace + p.gemm_workspace);
 }
 
+// Quantized checkpoints: the config's schemes, sized as the CUDA backend lays them out (quant_pack.hpp).
+// bench/configs/qwen3.6-27b-nvfp4 is nvidia/Qwen3.6-27B-NVFP4's config (MIXED_PRECISION: W4A16 NVFP4 MLP and
+// lm_head, FP8 per-tensor attention and Gated DeltaNet projections, in_proj_a/b and the embedding bf16).
+TEST(MemoryPlan, Qwen36_27bNvfp4MixedByHand) {
+  auto c = model::load_text_config(std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.6-27b-nvfp4");
+  ASSERT_TRUE(c.is_ok()) << c.message();
+  ASSERT_TRUE(c->quant.quantized());
+  const auto p = estimate_memory_plan(*c, {});
+  const uint64_t H = 5120, V = 248320, I = 17408;
+  auto nvfp4 = [](uint64_t rows, uint64_t cols) { return rows * cols / 2 + rows * cols / 16 + rows * 4; };
+  const uint64_t embed = V * H * 2;  // bf16
+  const uint64_t lm_head = nvfp4(V, H);
+  const uint64_t mlp = nvfp4(2 * I, H) + nvfp4(H, I);  // gate/up interleaved, down
+  // in_proj: qkv and z FP8 with one scale each (a 4-byte piece padded to 256), b and a bf16: kept as four
+  // matrices (mixed formats); out_proj FP8.
+  const uint64_t lin = (10240 * H + 256) + (6144 * H + 256) + 2 * (48 * H * 2) + (H * 6144 + 256);
+  // q/k/v FP8 per tensor with different rows: one matrix, its scales widened to one per row (14336 x 4
+  // bytes); o_proj FP8.
+  const uint64_t full = 14336 * H + 14336 * 4 + (H * 6144 + 256);
+  EXPECT_EQ(p.weights, embed + lm_head + 10588416 + 64 * mlp + 48 * lin + 16 * full);
+  EXPECT_EQ(p.weights, 20168038656ull);
+  // The widest quantized matrix (gate/up, 2 x 17408 x 5120) has a bf16 copy in the workspace for prefill
+  // chunks past the decode buckets (the default chunk of 4096 rows is).
+  MemoryPlanOptions small;
+  small.prefill_chunk = 256;
+  const uint64_t gate_up_bf16 = 2 * I * H * 2;
+  EXPECT_GE(p.workspace - estimate_memory_plan(*c, small).workspace, gate_up_bf16);
+  // The float plan of the same shapes holds the bf16 matrices and no copy.
+  const auto bf16 = estimate_memory_plan(qwen36_27b(), {});
+  EXPECT_EQ(bf16.weights, 53786705920ull + 10588416ull);
+  EXPECT_GE(p.workspace, bf16.workspace + gate_up_bf16);
+}
+
+// Qwen's FP8 block-128 layout (Qwen/Qwen3.6-27B-FP8's modules_to_not_convert: lm_head, the embedding,
+// in_proj_a/b stay bf16): E4M3 codes and one fp32 scale per 128 x 128 block.
+TEST(MemoryPlan, Qwen36_27bFp8BlockByHand) {
+  auto c = model::load_text_config(std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.6-27b-fp8");
+  ASSERT_TRUE(c.is_ok()) << c.message();
+  const auto p = estimate_memory_plan(*c, {});
+  const uint64_t H = 5120, V = 248320, I = 17408;
+  auto fp8 = [](uint64_t rows, uint64_t cols) {
+    return rows * cols + (rows + 127) / 128 * ((cols + 127) / 128) * 4;
+  };
+  const uint64_t lin = fp8(10240, H) + fp8(6144, H) + 2 * (48 * H * 2) + fp8(H, 6144);
+  const uint64_t full = fp8(14336, H) + fp8(H, 6144);  // q/k/v blocks stack (every part a whole block row)
+  EXPECT_EQ(p.weights, 2 * V * H * 2 + 10588416 + 64 * (fp8(2 * I, H) + fp8(H, I)) + 48 * lin + 16 * full);
+  EXPECT_EQ(p.weights, 29476270336ull);
+}
+
 TEST(MemoryPlan, Qwen36_27bOptions) {
   const auto c = qwen36_27b();
   MemoryPlanOptions o;
