@@ -112,22 +112,6 @@ core::Expected<std::unique_ptr<BenchModel>> load_bench_model(const std::optional
   return std::unique_ptr<BenchModel>(std::make_unique<BenchModelOf<TpBackend>>(std::move(*b)));
 }
 
-core::Expected<std::vector<int64_t>> int_list(const Args& args, const std::string& flag,
-                                              const std::string& def) {
-  std::vector<int64_t> out;
-  std::stringstream ss(args.get_or(flag, def));
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (!end || *end != '\0' || v <= 0)
-      return core::Error{"flag " + flag + ": '" + item + "' is not a positive integer"};
-    out.push_back(v);
-  }
-  return out;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -198,6 +182,22 @@ void print_ops(const OpTimes& ops, double total) {
 }
 
 }  // namespace
+
+core::Expected<std::vector<int64_t>> int_list(const Args& args, const std::string& flag,
+                                              const std::string& def) {
+  std::vector<int64_t> out;
+  std::stringstream ss(args.get_or(flag, def));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (!end || *end != '\0' || v <= 0)
+      return core::Error{"flag " + flag + ": '" + item + "' is not a positive integer"};
+    out.push_back(v);
+  }
+  return out;
+}
 
 // Device-to-device copy bandwidth, counting bytes read plus bytes written (median of 10 copies of 2 GiB).
 core::Expected<double> measure_copy_bandwidth() {
@@ -278,6 +278,10 @@ int cmd_bench(const Argv& argv) {
       std::any_of(argv.begin(), argv.end(),
                   [](const std::string& a) { return a.rfind("--requests=", 0) == 0; }))
     return cmd_bench_serving(argv);
+  // --gemv: the decode matmul alone (cmd_bench_gemv.cpp).
+  if (std::any_of(argv.begin(), argv.end(),
+                  [](const std::string& a) { return a == "--gemv" || a.rfind("--gemv=", 0) == 0; }))
+    return cmd_bench_gemv(argv);
   // --images: the vision encoder (cmd_bench_images.cpp; any backend with one).
   if (std::any_of(argv.begin(), argv.end(),
                   [](const std::string& a) { return a == "--images" || a.rfind("--images=", 0) == 0; }))
@@ -354,8 +358,8 @@ int cmd_bench(const Argv& argv) {
   opt.prefill_chunk = *chunk;
   opt.kv_fp8 = kv_dtype == "fp8";
   opt.synthetic_quant = quant;
-  if (!quant.empty() && (tp > 0 || config.is_moe()))
-    return fail(cmd, "--quant: dense models on one GPU only for now (the MoE experts stay bf16 on CUDA)");
+  if (!quant.empty() && tp > 0)
+    return fail(cmd, "--quant: one GPU only for now (not with --tensor-parallel-size)");
   if (opt.kv_fp8 && tp > 0) return fail(cmd, "--kv-cache-dtype fp8: not with --tensor-parallel-size yet");
   // --profile times every op with events, so decode runs without graphs (their launch gaps show as time).
   const bool profile = args->has("--profile");
@@ -374,12 +378,27 @@ int cmd_bench(const Argv& argv) {
   // With --quant: the bytes the weights hold but the embedding (bf16, one row read a token), per element.
   const double embed_bytes = 2.0 * static_cast<double>(config.vocab_size * config.hidden_size);
   // (A tied embedding is read whole as lm_head: then every byte counts.)
+  // Quantized routed experts: one expert's bytes as the layout holds them (NVFP4: codes, E4M3 group scales,
+  // a row scale per row; FP8 block: codes and a scale per 128 x 128 block), counted apart from the rest.
+  double expert_bytes = 0, expert_elems = 0;
+  if (!quant.empty() && mc.moe_layers > 0) {
+    const double H = static_cast<double>(config.hidden_size),
+                 Im = static_cast<double>(config.moe_intermediate_size);
+    expert_elems = mc.expert * mc.moe_layers * static_cast<double>(config.num_experts);
+    expert_bytes = quant == "fp8-block" ? 3 * Im * H + (2 * Im / 128 * H / 128 + H / 128 * Im / 128) * 4
+                                        : 3 * Im * H * (0.5 + 1.0 / 16) + (2 * Im + H) * 4;
+  }
+  const double all_expert_bytes = expert_bytes * mc.moe_layers * static_cast<double>(config.num_experts);
   const double wes =
-      !quant.empty() && config.tie_word_embeddings ? static_cast<double>(plan.weights) / all_params
-      : !quant.empty()                             ? (static_cast<double>(plan.weights) - embed_bytes) /
-                             (all_params - static_cast<double>(config.vocab_size * config.hidden_size))
+      !quant.empty() && config.tie_word_embeddings
+          ? (static_cast<double>(plan.weights) - all_expert_bytes) / (all_params - expert_elems)
+      : !quant.empty()
+          ? (static_cast<double>(plan.weights) - embed_bytes - all_expert_bytes) /
+                (all_params - expert_elems - static_cast<double>(config.vocab_size * config.hidden_size))
       : synth ? 2.0
               : gpus * static_cast<double>(plan.weights) / all_params;
+  // Bytes one routed expert's matrices hold: as the rest (wes per element), or counted above.
+  const double one_expert = expert_bytes > 0 ? expert_bytes : mc.expert * wes;
   // Bytes per KV element; fp8 adds its row's 4-byte scale per head_dim elements.
   const double kv_es = plan.kv_f32   ? 4.0
                        : plan.kv_fp8 ? 1.0 + 4.0 / static_cast<double>(config.head_dim)
@@ -428,7 +447,7 @@ int cmd_bench(const Argv& argv) {
                      K = static_cast<double>(config.num_experts_per_tok);
         experts = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
       }
-      const double weights = (mc.dense + mc.lm_head + experts * mc.expert * mc.moe_layers) * wes;
+      const double weights = (mc.dense + mc.lm_head) * wes + experts * one_expert * mc.moe_layers;
       const double ctx_mid = static_cast<double>(ctx) + 3 + static_cast<double>(*steps) / 2;
       r.bytes =
           weights + static_cast<double>(batch) * (ctx_mid * mc.kv_per_token * kv_es + 2 * mc.state_bytes);

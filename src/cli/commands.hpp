@@ -13,6 +13,7 @@ int cmd_chat(const Argv& args);
 int cmd_bench(const Argv& args);
 int cmd_bench_serving(const Argv& args);  // bench --requests
 int cmd_bench_images(const Argv& args);   // bench --images
+int cmd_bench_gemv(const Argv& args);     // bench --gemv
 int cmd_generate(const Argv& args);
 int cmd_eval(const Argv& args);
 int cmd_inspect(const Argv& args);

@@ -89,7 +89,8 @@ const std::map<std::string, Help>& table() {
        {"deltaflow bench (--synthetic CONFIG.json | --model DIR) [options]",
         "GPU decode and prefill speed against measured rooflines (needs a CUDA build and a GPU).\n"
         "With --requests N: the serving benchmark through the engine ('deltaflow bench --requests --help');\n"
-        "with --images N: the vision encoder ('deltaflow bench --images --help').",
+        "with --images N: the vision encoder ('deltaflow bench --images --help');\n"
+        "with --gemv FORMATS: the decode matmul alone ('deltaflow bench --gemv --help').",
         {{"--synthetic CONFIG.json", "random weights in the shape of this config.json"},
          {"--model DIR", "a real checkpoint instead"},
          {"--batches LIST", "decode batch sizes (default 1,8,32)"},
@@ -127,6 +128,17 @@ const std::map<std::string, Help>& table() {
          {"--image-size HxW", "the image in pixels before the processor resizes it (default 1024x1024)"},
          kModel,
          kDevice,
+         kJson}}},
+      {"bench --gemv",
+       {"deltaflow bench --gemv FORMATS [--shapes NxK,...] [--rows LIST] [--iters N] [--json]",
+        "The decode matmul alone: y = x @ W.T for a few rows, in each weight format, as a weight stream "
+        "against the copy bandwidth measured in the same run (copies of W cycled past the L2 cache).",
+        {{"--gemv FORMATS", "nvfp4, fp8-block and/or bf16, comma-separated (this mode)"},
+         {"--shapes NxK,...",
+          "matrix shapes, N output rows (multiple of 16) by K (of 64); default "
+          "17408x5120,5120x17408 (the 27B MLP)"},
+         {"--rows LIST", "activation rows per call, at most 32 (default 1,4,8)"},
+         {"--iters N", "calls timed per round, median of 5 rounds (default 100)"},
          kJson}}},
       {"chat",
        {"deltaflow chat [--model DIR] [--system TEXT] [options]",

@@ -63,12 +63,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (deltaflow::cli::wants_help(argc - 2, argv + 2)) {
-    // bench --requests and bench --images: those modes' own flags.
+    // bench --requests, --images and --gemv: those modes' own flags.
     std::string topic = name;
     for (int i = 2; i < argc && name == "bench"; ++i) {
       const std::string a = argv[i];
       if (a.rfind("--requests", 0) == 0) topic = "bench --requests";
       if (a.rfind("--images", 0) == 0) topic = "bench --images";
+      if (a.rfind("--gemv", 0) == 0) topic = "bench --gemv";
     }
     deltaflow::cli::print_help(topic, stdout);
     return 0;

@@ -17,7 +17,10 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "backend/memory_plan.hpp"
 #include "gpu_test_util.hpp"
+#include "io/safetensors.hpp"
+#include "model/weights.hpp"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -75,6 +78,38 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuReference) {
     const double e = gpu_test::rel_err(got, cpu_logits(cpu, seq));
     std::printf("[ %s ] decode step %d: vs cpu %.3g\n", GetParam(), step, e);
     EXPECT_LE(e, 1e-2) << GetParam() << " decode step " << step;
+  }
+}
+
+// CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints) on the quantized
+// fixtures: the weights as the kernels' layouts place them, and the workspace with the quantized matmuls'
+// buffers (a prefill chunk past the decode buckets holds a bf16 copy of the widest quantized weight).
+TEST_P(CudaQuantModel, MemoryPlanEqualsTheEstimate) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  const std::string dir = std::string(DF_FIXTURES) + "/quant/" + GetParam();
+  for (int64_t chunk : {int64_t{96}, int64_t{300}}) {
+    CudaOptions opt;
+    opt.max_sequences = 3;
+    opt.max_context = 200;
+    opt.prefill_chunk = chunk;
+    auto g = CudaBackend::load(dir, opt);
+    ASSERT_TRUE(g.is_ok()) << g.message();
+    auto ck = io::Checkpoint::open(dir);
+    ASSERT_TRUE(ck.is_ok()) << ck.message();
+    auto w = model::bind_weights((*g)->config(), *ck);
+    ASSERT_TRUE(w.is_ok()) << w.message();
+    MemoryPlanOptions po;
+    po.max_sequences = opt.max_sequences;
+    po.max_context = opt.max_context;
+    po.prefill_chunk = opt.prefill_chunk;
+    po.matrix_dtype = w->embed_tokens.dtype;
+    po.module_prefix = w->prefix;
+    const auto want = estimate_memory_plan((*g)->config(), po);
+    const auto& got = (*g)->memory_plan();
+    EXPECT_EQ(got.weights, want.weights) << GetParam() << " chunk " << chunk;
+    EXPECT_EQ(got.workspace, want.workspace) << GetParam() << " chunk " << chunk;
+    EXPECT_EQ(got.kv, want.kv) << GetParam();
+    EXPECT_EQ(got.states, want.states) << GetParam();
   }
 }
 

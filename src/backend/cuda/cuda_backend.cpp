@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "backend/cpu/ops.hpp"
 #include "backend/cuda/attention.cuh"
@@ -80,6 +81,8 @@ class Layout {
       : base_(base), w_(w), quant_(std::move(synthetic_quant)) {}
   bool synthetic() const { return w_ == nullptr; }
   void set_float_only(bool f) { float_only_ = f; }
+  // Routed experts may stay in their quantized layout (not in exact mode, nor sharded over GPUs).
+  void set_quant_experts(bool q) { quant_experts_ = q; }
   // Bytes of quantized weights the float-only regions widened to bf16.
   uint64_t widened() const { return widened_; }
   size_t size() const { return size_; }
@@ -219,6 +222,64 @@ class Layout {
     return m;
   }
 
+  // Whether the routed experts' [gate | up] (gate_up) or down matrices, `per[e]` the parts of expert e,
+  // rows x cols each, can keep a quantized layout: every expert quantized alike and packing alike.
+  bool experts_pack(const std::vector<std::vector<const model::Mat*>>& per, int64_t E, int64_t rows,
+                    int64_t cols, bool gate_up) const {
+    if (!quant_experts_) return false;
+    if (synthetic()) return !quant_.empty() && cols % kQuantTileCols == 0 && rows % 128 == 0;
+    if (static_cast<int64_t>(per.size()) != E || E == 0) return false;
+    std::optional<PackedQuant> first;
+    for (const auto& g : per) {
+      for (const auto* p : g)
+        if (!p->quantized() || p->format != per[0][0]->format) return false;
+      const bool interleave = gate_up && g[0]->format == model::quant::WeightFormat::kNvfp4;
+      auto pq = pack_quant(g, interleave, true);
+      if (!pq || pq->rows != rows || (first && !same_layout(*pq, *first))) return false;
+      if (!first) first = std::move(*pq);
+    }
+    return true;
+  }
+
+  // Those matrices: with `quant` (experts_pack said so) in the kernels' layout, QuantWeight's grouped form
+  // (expert e's codes, scales, row scales and grid at fixed strides; the DMat is one expert's view); else
+  // one matrix of E * rows rows through mat() under float_only (float, or quantized widened to bf16).
+  core::Expected<DMat> experts(const std::vector<std::vector<const model::Mat*>>& per, int64_t E,
+                               int64_t rows, int64_t cols, float scale, const std::string& what, bool gate_up,
+                               bool quant) {
+    if (quant && synthetic()) {
+      const bool fp8 = quant_ == "fp8-block";
+      DMat m = synthetic_quant(E * rows, cols, scale, fp8 ? 128 : -1, gate_up);
+      m.rows = rows;
+      m.q.N = rows;
+      if (fp8) {
+        m.q.codes_stride = rows * cols;
+        m.q.grid_stride = rows / m.q.block_rows * m.q.grid_cols;
+      } else {
+        m.q.codes_stride = nvfp4_padded_rows(rows) * cols / 2;
+        m.q.scales_stride = rows * cols / 16;
+        m.q.row_stride = rows;
+      }
+      return m;
+    }
+    if (quant) {
+      std::vector<PackedQuant> packs;
+      for (const auto& g : per) {
+        const bool interleave = gate_up && g[0]->format == model::quant::WeightFormat::kNvfp4;
+        DF_ASSIGN(PackedQuant pq, pack_quant(g, interleave, sizing_pass()));
+        packs.push_back(std::move(pq));
+      }
+      return place_experts(std::move(packs));
+    }
+    std::vector<const model::Mat*> parts;
+    for (const auto& g : per) parts.insert(parts.end(), g.begin(), g.end());
+    const bool was = float_only_;
+    float_only_ = true;
+    auto m = mat(parts, E * rows, cols, scale, what);
+    float_only_ = was;
+    return m;
+  }
+
   // Places a packed matrix: codes, then its scales, each region its own job.
   DMat place(PackedQuant p) {
     DMat m;
@@ -241,6 +302,59 @@ class Layout {
       q.grid_cols = p.grid_cols;
       q.block_rows = p.block_rows;
       q.block_cols = p.block_cols;
+    }
+    return m;
+  }
+
+  static bool same_layout(const PackedQuant& a, const PackedQuant& b) {
+    return a.format == b.format && a.interleave == b.interleave && a.cols == b.cols &&
+           a.codes_bytes == b.codes_bytes && a.scales_bytes == b.scales_bytes &&
+           a.row_scales_n == b.row_scales_n && a.grid_n == b.grid_n && a.grid_rows == b.grid_rows &&
+           a.grid_cols == b.grid_cols && a.block_rows == b.block_rows && a.block_cols == b.block_cols;
+  }
+
+  // Places the experts' packed matrices one after another in each array: codes, then scales and row scales
+  // (NVFP4) or the grid (FP8), expert e at e times one expert's size.
+  DMat place_experts(std::vector<PackedQuant> packs) {
+    const PackedQuant& p0 = packs[0];
+    const size_t E = packs.size();
+    auto cat = [&](auto member, size_t n) {
+      std::vector<uint8_t> out;
+      if (sizing_pass()) return out;
+      out.reserve(n * E);
+      for (const auto& p : packs) {
+        const auto& v = p.*member;
+        const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+        out.insert(out.end(), b, b + n);
+      }
+      return out;
+    };
+    DMat m;
+    m.rows = p0.rows;
+    m.cols = p0.cols;
+    m.quantized = true;
+    const bool nv = p0.format == model::quant::WeightFormat::kNvfp4;
+    m.dtype = nv ? core::DType::kU8 : core::DType::kF8E4M3;
+    QuantWeight& q = m.q;
+    q.nvfp4 = nv;
+    q.N = p0.rows;
+    q.K = p0.cols;
+    q.interleave = p0.interleave;
+    q.codes = m.data = ptr(own(cat(&PackedQuant::codes, p0.codes_bytes), p0.codes_bytes * E));
+    q.codes_stride = static_cast<int64_t>(p0.codes_bytes);
+    if (nv) {
+      q.scales = static_cast<const uint8_t*>(
+          ptr(own(cat(&PackedQuant::scales, p0.scales_bytes), p0.scales_bytes * E)));
+      q.row_scales = static_cast<const float*>(
+          ptr(own(cat(&PackedQuant::row_scales, p0.row_scales_n * 4), p0.row_scales_n * 4 * E)));
+      q.scales_stride = static_cast<int64_t>(p0.scales_bytes);
+      q.row_stride = static_cast<int64_t>(p0.row_scales_n);
+    } else {
+      q.grid = static_cast<const float*>(ptr(own(cat(&PackedQuant::grid, p0.grid_n * 4), p0.grid_n * 4 * E)));
+      q.grid_cols = p0.grid_cols;
+      q.block_rows = p0.block_rows;
+      q.block_cols = p0.block_cols;
+      q.grid_stride = static_cast<int64_t>(p0.grid_n);
     }
     return m;
   }
@@ -323,6 +437,7 @@ class Layout {
   const model::ModelWeights* w_;
   std::string quant_;
   bool float_only_ = false;
+  bool quant_experts_ = true;
   uint64_t widened_ = 0;
   size_t size_ = 0;
   std::vector<Job> jobs_;
@@ -402,20 +517,22 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
       DF_ASSIGN(L.down, lay.mat(dn, H, I, 1.0f / std::sqrt(static_cast<float>(I)), what + " down_proj"));
     } else {
       const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-      std::vector<const model::Mat*> r, gu, dn, sgu, sdn, sg;
+      std::vector<const model::Mat*> r, sgu, sdn, sg;
+      std::vector<std::vector<const model::Mat*>> gu, dn;  // per expert
       if (lw) {
         r = {&lw->moe.router};
         for (const auto& e : lw->moe.experts) {
-          gu.push_back(&e.gate_proj);
-          gu.push_back(&e.up_proj);
-          dn.push_back(&e.down_proj);
+          gu.push_back({&e.gate_proj, &e.up_proj});
+          dn.push_back({&e.down_proj});
         }
         sgu = {&lw->moe.shared_expert.gate_proj, &lw->moe.shared_expert.up_proj};
         sdn = {&lw->moe.shared_expert.down_proj};
         sg = {&lw->moe.shared_expert_gate};
       }
-      // The MoE kernels read 16-bit weights: quantized experts, router and shared expert are widened to bf16
-      // at load (quantized MoE kernels are not written yet; load() says so).
+      // The router stays in its float type (fp32 routing reads 16-bit rows; a quantized router is widened).
+      // Quantized routed experts keep their layout for the grouped kernels (Layout::experts); then the shared
+      // expert runs as a dense MLP in its own format. Else the 16-bit MoE kernels read everything, the shared
+      // expert widened as well (load() says so).
       lay.set_float_only(true);
       // [router | shared_expert_gate] as one matrix, so that decode reads x once for both logits (when the
       // two share a dtype); router and shared_gate are views of it.
@@ -433,11 +550,14 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
         DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
         DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
       }
-      DF_ASSIGN(L.experts_gu, lay.mat(gu, E * 2 * Im, H, hs, what + " experts gate/up"));
-      L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements
-      DF_ASSIGN(L.experts_down,
-                lay.mat(dn, E * H, Im, 1.0f / std::sqrt(static_cast<float>(Im)), what + " experts down"));
+      lay.set_float_only(false);
+      const bool qe = lay.experts_pack(gu, E, 2 * Im, H, true) && lay.experts_pack(dn, E, H, Im, false);
+      DF_ASSIGN(L.experts_gu, lay.experts(gu, E, 2 * Im, H, hs, what + " experts gate/up", true, qe));
+      L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements (or the strides)
+      DF_ASSIGN(L.experts_down, lay.experts(dn, E, H, Im, 1.0f / std::sqrt(static_cast<float>(Im)),
+                                            what + " experts down", false, qe));
       L.experts_down.rows = H;
+      lay.set_float_only(!qe);
       DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
       DF_ASSIGN(L.shared_down,
                 lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
@@ -579,19 +699,21 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   DF_TRY(b->enter_shard(&whole, &part));
   const model::ModelWeights& w = opt.collective ? part : whole;
   Layout sizing(0, &w);
+  sizing.set_quant_experts(!opt.exact && !opt.collective);
   DF_TRY(lay_out_weights(b->layout_config(), &w, sizing, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
                          b->layers_));
   DF_TRY(device_alloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256), "the weights",
                       "this model needs a larger GPU, or more GPUs (--tensor-parallel-size)"));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), &w);
+  lay.set_quant_experts(!opt.exact && !opt.collective);
   DF_TRY(lay_out_weights(b->layout_config(), &w, lay, b->embed_, b->lm_head_, b->final_norm_, b->inv_freq_,
                          b->layers_));
   if (lay.widened() > 0)
     std::fprintf(
         stderr,
-        "note: the CUDA backend has no quantized MoE kernels yet: the routed experts, router and shared "
-        "expert are widened to bf16 at load (%.2f GB)\n",
+        "note: quantized MoE matrices widened to bf16 at load (%.2f GB): a quantized router, and in exact "
+        "mode, with --tensor-parallel-size or with experts of mixed layouts the routed and shared experts\n",
         static_cast<double>(lay.widened()) / 1e9);
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), 0, opt.progress, b->stream_));
   DF_TRY(b->plan_memory());
@@ -607,12 +729,14 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   DF_TRY(b->init_device(c, opt));
   DF_TRY(b->enter_shard(nullptr, nullptr));
   Layout sizing(0, nullptr, opt.synthetic_quant);
+  sizing.set_quant_experts(!opt.exact && !opt.collective);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, sizing, b->embed_, b->lm_head_, b->final_norm_,
                          b->inv_freq_, b->layers_));
   DF_TRY(device_alloc(&b->weights_mem_, std::max<size_t>(sizing.size(), 256), "the weights",
                       "this model needs a larger GPU, or more GPUs (--tensor-parallel-size)"));
   b->plan_.weights = sizing.size();
   Layout lay(reinterpret_cast<uintptr_t>(b->weights_mem_), nullptr, opt.synthetic_quant);
+  lay.set_quant_experts(!opt.exact && !opt.collective);
   DF_TRY(lay_out_weights(b->layout_config(), nullptr, lay, b->embed_, b->lm_head_, b->final_norm_,
                          b->inv_freq_, b->layers_));
   DF_TRY(run_jobs(lay.jobs(), static_cast<uint8_t*>(b->weights_mem_), seed, false, b->stream_));
@@ -671,12 +795,14 @@ core::Status CudaBackend::plan_memory() {
   decode_rows_ = kGemvMaxRows;
   bool grouped_ok = true;
   for (const auto& L : layers_)
-    if (L.is_moe)
-      grouped_ok = grouped_ok && L.experts_gu.dtype == L.experts_down.dtype &&
-                   moe_grouped_supported(L.experts_gu.dtype, static_cast<int>(L.experts_gu.rows),
-                                         static_cast<int>(H)) &&
-                   moe_grouped_supported(L.experts_gu.dtype, static_cast<int>(H),
-                                         static_cast<int>(L.experts_down.cols));
+    if (L.is_moe) {
+      // Quantized experts run the grouped GEMM on their bf16 widening.
+      const core::DType dt = L.experts_gu.quantized ? core::DType::kBF16 : L.experts_gu.dtype;
+      grouped_ok = grouped_ok && L.experts_gu.quantized == L.experts_down.quantized &&
+                   (L.experts_gu.quantized || L.experts_gu.dtype == L.experts_down.dtype) &&
+                   moe_grouped_supported(dt, static_cast<int>(L.experts_gu.rows), static_cast<int>(H)) &&
+                   moe_grouped_supported(dt, static_cast<int>(H), static_cast<int>(L.experts_down.cols));
+    }
   const int64_t ws_decode_rows = decode_workspace_rows(opt_.exact, R);
   decode_ws_rows_ = ws_decode_rows;
   static_assert(kDecodeMaxRows == 256, "pinned_out_rows() counts on it");
@@ -763,9 +889,20 @@ core::Status CudaBackend::plan_memory() {
          {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down})
       widest(*m);
   ws_.wdq_elems = !opt_.exact && R > kDecodeMaxRows ? wdq : 0;
+  // Quantized routed experts: a prefill past the decode rows widens every expert of one projection at once
+  // for the grouped GEMM; a decode step stages its T * K slots' activations for the down projection.
+  bool quant_experts = false;
+  for (const DLayer& L : layers_)
+    if (L.is_moe && L.experts_gu.quantized) {
+      quant_experts = true;
+      if (R > kGemvMaxRows)
+        ws_.wdq_elems = std::max(ws_.wdq_elems, static_cast<size_t>(E * std::max(2 * Im * H, H * Im)));
+    }
+  any_quant |= quant_experts;
+  const int64_t xq_rows = quant_experts ? kQuantGemvMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
   bufs.push_back({&ws_.wdq, std::max<size_t>(ws_.wdq_elems * 2, 16)});
-  bufs.push_back({&ws_.xq, any_quant ? static_cast<size_t>(kQuantGemvMaxRows * Kmax) * 2 : 16});
-  f(ws_.xq_factor, kQuantGemvMaxRows);
+  bufs.push_back({&ws_.xq, any_quant ? static_cast<size_t>(xq_rows * Kmax) * 2 : 16});
+  f(ws_.xq_factor, xq_rows);
   // The chunked Gated DeltaNet prefill (fast mode): its per-chunk records for one max_rows_-token sequence.
   const int gk = static_cast<int>(c.linear_num_key_heads), gd = static_cast<int>(c.linear_key_head_dim),
             ge = static_cast<int>(c.linear_value_head_dim);
@@ -1335,6 +1472,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   }
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
+  if (L.experts_gu.quantized) return moe_quant(L, n);
   if (n <= kGemvMaxRows) {
     // Decode (moe_decode.cuh): gate/up with SwiGLU of the K chosen experts and the shared expert, then one
     // down projection that sums all of them, weighted, into y. No host sync.
@@ -1423,9 +1561,17 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     }
     DF_CUDA_TRY(scatter_rows(ws_.ys, H, ws_.sort_slot, nk, H, ws_.y_slot, H, stream_));
   }
+  return moe_shared_and_combine(L, n);
+}
+
+core::Status CudaBackend::moe_shared_and_combine(const DLayer& L, int64_t n) {
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
+  const int64_t H = config_.hidden_size, K = config_.num_experts_per_tok, Is = L.shared_down.cols;
   prof_.mark("moe shared expert", stream_);
-  if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {
+  if (n <= kGemvMaxRows) {
+    DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.act, Is, false, /*swiglu=*/true));
+    DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
+  } else if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {
     DF_TRY(mlp_16bit(n, L.shared_gu, L.shared_down, ws_.y_shared, "moe shared expert", "moe shared expert"));
   } else {
     DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.proj, 2 * Is));
@@ -1436,6 +1582,52 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_shared, ws_.shared_gate,
                           ws_.y, stream_));
   return core::Status();
+}
+
+core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
+  // Routed experts in a quantized layout (QuantWeight's grouped form). Decode: one grouped GEMV per
+  // projection over the T * K slots, each slot's expert read from the router's ids on the device (gate/up
+  // writes SwiGLU; down writes each slot's row). Longer steps: every expert of a projection widened to bf16
+  // in ws_.wdq (one launch), then the grouped GEMM as for bf16 experts. The shared expert is a dense MLP in
+  // its own format; moe_combine sums the weighted slots and the gated shared expert.
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t Im = L.experts_down.cols, nk = n * K;
+  if (n <= kGemvMaxRows) {
+    prof_.mark("moe gate_up", stream_);
+    const int slots = static_cast<int>(nk);
+    DF_CUDA_TRY(stage_activations_f16(ws_.xn, H, static_cast<int>(n), H, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(gemv_quant_grouped(L.experts_gu.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor,
+                                   static_cast<int>(K), ws_.act_s, Im, /*swiglu=*/true, stream_));
+    prof_.mark("moe down", stream_);
+    DF_CUDA_TRY(stage_activations_f16(ws_.act_s, Im, slots, Im, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(gemv_quant_grouped(L.experts_down.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor, 1, ws_.y_slot,
+                                   H, false, stream_));
+    return moe_shared_and_combine(L, n);
+  }
+  prof_.mark("moe experts", stream_);
+  const core::DType dt = core::DType::kBF16;
+  if (static_cast<size_t>(E * std::max(2 * Im * H, H * Im)) > ws_.wdq_elems ||
+      static_cast<size_t>(nk * std::max(H, Im)) > ws_.x16_elems)
+    return core::Error{"cuda backend: internal: the quantized experts' workspace does not hold this step"};
+  auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
+  int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
+  int* n_live = scratch + moe_sort_scratch_ints(E);
+  const int room = static_cast<int>(moe_tile_room_);
+  DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
+                                 ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));
+  x16_holds_ = {};
+  DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
+  DF_CUDA_TRY(dequantize_bf16_grouped(L.experts_gu.q, static_cast<int>(E), ws_.wdq, stream_));
+  DF_CUDA_TRY(moe_grouped_gemm(ws_.wdq, dt, 2 * Im * H, static_cast<int>(2 * Im), static_cast<int>(H),
+                               ws_.x16, tiles, room, ws_.gu_s, dt, 2 * Im, stream_, ws_.sort_tok, nullptr,
+                               n_live));
+  DF_CUDA_TRY(swiglu(ws_.gu_s, dt, 2 * Im, nk, Im, ws_.x16, dt, Im, stream_));
+  DF_CUDA_TRY(dequantize_bf16_grouped(L.experts_down.q, static_cast<int>(E), ws_.wdq, stream_));
+  DF_CUDA_TRY(moe_grouped_gemm(ws_.wdq, dt, H * Im, static_cast<int>(H), static_cast<int>(Im), ws_.x16, tiles,
+                               room, ws_.y_slot, core::DType::kF32, H, stream_, nullptr, ws_.sort_slot,
+                               n_live));
+  return moe_shared_and_combine(L, n);
 }
 
 core::Status CudaBackend::run_layers(int64_t n, std::span<const RowSegment> segs) {

@@ -227,6 +227,8 @@ class CudaBackend final : public SequenceBackend {
   core::Status full_attention(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
   core::Status ffn(const DLayer& L, int64_t n);
   core::Status moe(const DLayer& L, int64_t n);
+  core::Status moe_quant(const DLayer& L, int64_t n);               // quantized routed experts
+  core::Status moe_shared_and_combine(const DLayer& L, int64_t n);  // after the routed experts
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
   // swiglu: W is [gate | up] and y receives silu(gate) * up ([T, W.rows / 2]); decode row counts only.
   // conv (T <= kGemvSimtRows only): the conv1d decode step as the GEMV's epilogue.

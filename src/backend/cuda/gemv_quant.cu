@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/common.cuh"
@@ -376,7 +377,19 @@ __global__ void __launch_bounds__(256)
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xh[t * K + k] = __float2half_rn(row[k] * down);
 }
 
+// The grouped form's matrix blockIdx.y (expert e of a stacked set: its codes, scales and grid at the
+// strides, its values at out + e * N * K); a no-op for one matrix (strides 0, one grid row).
+__device__ __forceinline__ void enter_matrix(QuantWeight& w, __nv_bfloat16*& out) {
+  const int64_t e = blockIdx.y;
+  w.codes = static_cast<const uint8_t*>(w.codes) + e * w.codes_stride;
+  if (w.scales) w.scales += e * w.scales_stride;
+  if (w.row_scales) w.row_scales += e * w.row_stride;
+  if (w.grid) w.grid += e * w.grid_stride;
+  out += e * w.N * w.K;
+}
+
 __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
+  enter_matrix(w, out);
   const int64_t tiles_k = w.K / 64, words = (w.N + 15) / 16 * tiles_k * 128;
   const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
@@ -402,6 +415,7 @@ __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
 }
 
 __global__ void kernel_dequant_fp8(QuantWeight w, __nv_bfloat16* out) {
+  enter_matrix(w, out);
   const int64_t quads = w.N * w.K / 4;
   const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < quads;
@@ -467,13 +481,24 @@ cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int grou
 }
 
 cudaError_t dequantize_bf16(const QuantWeight& W, void* out, cudaStream_t stream) {
-  if (W.N == 0) return cudaSuccess;
-  if (W.K % 64 != 0) return cudaErrorInvalidValue;
+  QuantWeight one = W;
+  one.codes_stride = one.scales_stride = one.row_stride = one.grid_stride = 0;
+  return dequantize_bf16_grouped(one, 1, out, stream);
+}
+
+cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out, cudaStream_t stream) {
+  if (W.N == 0 || groups == 0) return cudaSuccess;
+  if (W.K % 64 != 0 || groups < 0 || groups > 65535) return cudaErrorInvalidValue;
   auto* o = static_cast<__nv_bfloat16*>(out);
+  // Fewer blocks per matrix when there are many: the whole set is one launch of about the same size.
+  const auto per = [&](int64_t n) {
+    return dim3(std::max(1u, grid_for(n) / static_cast<unsigned>(std::min(groups, 64))),
+                static_cast<unsigned>(groups));
+  };
   if (W.nvfp4) {
-    kernel_dequant_nvfp4<<<grid_for((W.N + 15) / 16 * (W.K / 64) * 128), 256, 0, stream>>>(W, o);
+    kernel_dequant_nvfp4<<<per((W.N + 15) / 16 * (W.K / 64) * 128), 256, 0, stream>>>(W, o);
   } else {
-    kernel_dequant_fp8<<<grid_for(W.N * W.K / 4), 256, 0, stream>>>(W, o);
+    kernel_dequant_fp8<<<per(W.N * W.K / 4), 256, 0, stream>>>(W, o);
   }
   return cudaGetLastError();
 }

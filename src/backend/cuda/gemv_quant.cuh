@@ -53,6 +53,10 @@ cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int grou
 // out [N, K] row-major in bf16 (natural row order, interleaved tiles undone): W's values, for cuBLASLt.
 cudaError_t dequantize_bf16(const QuantWeight& W, void* out, cudaStream_t stream);
 
+// The grouped form: the `groups` matrices of a stacked set (MoE experts, at W's strides), matrix e's values
+// at out + e * N * K.
+cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out, cudaStream_t stream);
+
 // Random codes and scales of W's shape (benchmarks): codes uniform, E4M3 block scales in [0.5, 1), row or
 // grid scales `scale` / (6 or 448) so values stay near U(-scale, scale).
 cudaError_t fill_quant_random(const QuantWeight& W, uint64_t seed, float scale, cudaStream_t stream);
