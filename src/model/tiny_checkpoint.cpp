@@ -83,6 +83,14 @@ Preset make_preset(const std::string& name) {
     p.layer_types = {"linear_attention", "full_attention", "linear_attention", "linear_attention",
                      "full_attention"};
     p.layers = 5;
+  } else if (name == "moe64") {
+    // The moe preset with per-expert tensors and 64-wide expert FFNs: shapes the CUDA backend's quantized
+    // kernels take (columns a multiple of 64), for quantized MoE tests. Not in tiny_presets().
+    p.model_type = "qwen3_5_moe_text";
+    p.moe = true;
+    p.layers = 4;
+    p.moe_inter = 64;
+    p.shared_inter = 64;
   } else if (name == "multimodal") {
     p.model_type = "qwen3_5_moe";
     p.multimodal = true;
@@ -388,6 +396,7 @@ const std::vector<std::string>& all_tiny_presets() {
   static const std::vector<std::string> p = [] {
     auto all = tiny_presets();
     all.push_back("long");
+    all.push_back("moe64");
     return all;
   }();
   return p;

@@ -7,8 +7,11 @@
 // model test) and are held to 5e-2 (MoE routers near a tie: 0.15, as cuda_model_test.cpp).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -20,6 +23,8 @@
 #include "backend/memory_plan.hpp"
 #include "gpu_test_util.hpp"
 #include "io/safetensors.hpp"
+#include "model/quant/writer.hpp"
+#include "model/tiny_checkpoint.hpp"
 #include "model/weights.hpp"
 
 namespace deltaflow::backend::cuda {
@@ -38,9 +43,9 @@ std::vector<float> cpu_logits(cpu::CpuBackend& b, const std::vector<int32_t>& id
   return out;
 }
 
-TEST_P(CudaQuantModel, LogitsMatchTheCpuReference) {
-  ASSERT_TRUE(gpu_test::have_gpu());
-  const std::string dir = std::string(DF_FIXTURES) + "/quant/" + GetParam();
+// CUDA logits of the checkpoint in `dir` against the CPU's: prompts of 1, 3 and 64 tokens, then 4 decode
+// steps after a 3-token prompt.
+void expect_logits_match_cpu(const std::string& dir, const std::string& name) {
   auto c = cpu::CpuBackend::load(dir);
   ASSERT_TRUE(c.is_ok()) << c.message();
   auto g = CudaBackend::load(dir, {});
@@ -59,9 +64,9 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuReference) {
     std::vector<float> got;
     ASSERT_TRUE(cuda.prefill(std::span<const PrefillItem>(&item, 1), got).is_ok());
     const double e = gpu_test::rel_err(got, want);
-    std::printf("[ %s ] prompt of %zu: vs cpu %.3g\n", GetParam(), n, e);
+    std::printf("[ %s ] prompt of %zu: vs cpu %.3g\n", name.c_str(), n, e);
     const double tol = n <= static_cast<size_t>(kGemvSimtRows) ? 1e-2 : moe ? 0.15 : 5e-2;
-    EXPECT_LE(e, tol) << GetParam() << " prompt of " << n;
+    EXPECT_LE(e, tol) << name << " prompt of " << n;
   }
   // Decode steps after a 3-token prompt: the quantized GEMV at one row each step.
   auto s = cuda.new_sequence();
@@ -76,9 +81,14 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuReference) {
     ASSERT_TRUE(cuda.decode(std::span<SequenceState* const>(&st, 1), std::span<const int32_t>(&next, 1), got)
                     .is_ok());
     const double e = gpu_test::rel_err(got, cpu_logits(cpu, seq));
-    std::printf("[ %s ] decode step %d: vs cpu %.3g\n", GetParam(), step, e);
-    EXPECT_LE(e, 1e-2) << GetParam() << " decode step " << step;
+    std::printf("[ %s ] decode step %d: vs cpu %.3g\n", name.c_str(), step, e);
+    EXPECT_LE(e, 1e-2) << name << " decode step " << step;
   }
+}
+
+TEST_P(CudaQuantModel, LogitsMatchTheCpuReference) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  expect_logits_match_cpu(std::string(DF_FIXTURES) + "/quant/" + GetParam(), GetParam());
 }
 
 // CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints) on the quantized
@@ -115,6 +125,39 @@ TEST_P(CudaQuantModel, MemoryPlanEqualsTheEstimate) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantModel, ::testing::ValuesIn(kFixtures),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// Quantized routed experts in their own layout (the fixtures' 32-wide experts are widened; the moe64 preset's
+// 64-wide ones pack): make-tiny moe64 quantized by our ModelOpt-exact quantizer to NVFP4 and to FP8 block,
+// CUDA against the CPU reference. Prompts of 1 and 3 tokens and the decode steps run the grouped GEMV; the
+// 64-token prompt widens every expert for the grouped GEMM. The plan shows the experts stayed quantized:
+// fewer weight bytes than exact mode's (which widens them), and equal to inspect's estimate.
+TEST(CudaQuantMoe, ExpertsInTheirFormatMatchTheCpuReference) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  const auto base = std::filesystem::temp_directory_path() / ("df_quant_moe_" + std::to_string(::getpid()));
+  ASSERT_TRUE(model::write_tiny_checkpoint("moe64", 3, (base / "bf16").string()).is_ok());
+  for (const char* format : {"nvfp4", "fp8-block"}) {
+    SCOPED_TRACE(format);
+    const std::string dir = (base / format).string();
+    auto st = model::quant::write_quantized_checkpoint((base / "bf16").string(), dir, format, {});
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    expect_logits_match_cpu(dir, std::string("moe64 ") + format);
+    auto fast = CudaBackend::load(dir, {});
+    ASSERT_TRUE(fast.is_ok()) << fast.message();
+    CudaOptions ex;
+    ex.exact = true;
+    auto exact = CudaBackend::load(dir, ex);
+    ASSERT_TRUE(exact.is_ok()) << exact.message();
+    EXPECT_LT((*fast)->memory_plan().weights, (*exact)->memory_plan().weights) << format;
+    MemoryPlanOptions po;
+    po.max_sequences = CudaOptions{}.max_sequences;
+    po.max_context = (*fast)->memory_plan().max_context;
+    po.prefill_chunk = CudaOptions{}.prefill_chunk;
+    EXPECT_EQ((*fast)->memory_plan().weights, estimate_memory_plan((*fast)->config(), po).weights) << format;
+    EXPECT_EQ((*fast)->memory_plan().workspace, estimate_memory_plan((*fast)->config(), po).workspace)
+        << format;
+  }
+  std::filesystem::remove_all(base);
+}
 
 TEST(CudaQuantSynthetic, EveryFormatLoadsAndDecodesFiniteLogits) {
   ASSERT_TRUE(gpu_test::have_gpu());
