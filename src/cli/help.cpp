@@ -100,7 +100,7 @@ const std::map<std::string, Help>& table() {
          {"--seed S", "weights seed for --synthetic (default 1)"},
          {"--prefill-chunk N", "prefill chunk in tokens (default 4096)"},
          {"--kv-cache-dtype T", "auto / bf16 (the default) or fp8 KV cache"},
-         {"--quant F", "synthetic quantized weights: nvfp4, fp8-block or nvfp4-mixed (dense models)"},
+         {"--quant F", "synthetic quantized weights: nvfp4, fp8-block or nvfp4-mixed (dense or MoE)"},
          kTp,
          {"--no-graphs", "decode without CUDA graphs"},
          {"--profile", "GPU time per op (graphs off)"},

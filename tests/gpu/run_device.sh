@@ -52,6 +52,42 @@ for w in $what; do
           --prefill 512,8192 --steps 16 2>&1 | tee "$OUT/bench_$m.txt"
       done
       ;;
+    qtests)
+      section "gpu tests: quantized kernels and models"
+      timeout 120 "$BIN/df_gpu_tests" --gtest_brief=1 \
+        --gtest_filter='CudaGemvQuant*:CudaQuant*:Fixtures/CudaQuantModel*' 2>&1 | tee "$OUT/gpu_qtests.log" |
+        grep -E "^\[ +(FAILED|PASSED|OK) +\]|Failure|error|vs cpu|tests ran|Expected|Which is|actual" | head -80
+      echo "exit ${PIPESTATUS[0]}"
+      ;;
+    gemv)
+      section "bench --gemv"
+      timeout 120 $BENCH --gemv nvfp4,fp8-block,bf16 --shapes 17408x5120,5120x17408,34816x5120 \
+        --rows 1,4,8,16,32 2>&1 | tee "$OUT/bench_gemv.txt"
+      ;;
+    bench27q)
+      for q in "" nvfp4-mixed fp8-block; do
+        section "bench qwen3.6-27b ${q:-bf16}"
+        timeout 150 $BENCH --synthetic bench/configs/qwen3.6-27b.json ${q:+--quant $q} --batches 1,8 \
+          --contexts 512 --prefill 8192 --steps 16 2>&1 | tee "$OUT/bench_27b_${q:-bf16}.txt"
+      done
+      ;;
+    bench35q)
+      for q in "" nvfp4-mixed; do
+        section "bench qwen3.5-35b-a3b ${q:-bf16}"
+        timeout 120 $BENCH --synthetic bench/configs/qwen3.5-35b-a3b.json ${q:+--quant $q} --batches 1,8 \
+          --contexts 512 --prefill 4096 --steps 16 2>&1 | tee "$OUT/bench_35b_${q:-bf16}.txt"
+      done
+      ;;
+    prof27q)
+      section "profile qwen3.6-27b nvfp4-mixed decode"
+      timeout 120 $BENCH --synthetic bench/configs/qwen3.6-27b.json --quant nvfp4-mixed --batches 1 \
+        --contexts 512 --prefill 512 --steps 8 --profile 2>&1 | tee "$OUT/prof_27b_nvfp4.txt" | head -60
+      ;;
+    prof35q)
+      section "profile qwen3.5-35b-a3b nvfp4-mixed decode"
+      timeout 120 $BENCH --synthetic bench/configs/qwen3.5-35b-a3b.json --quant nvfp4-mixed --batches 1 \
+        --contexts 512 --prefill 512 --steps 8 --profile 2>&1 | tee "$OUT/prof_35b_nvfp4.txt" | head -60
+      ;;
     *)
       section "$w"
       timeout 200 bash -c "$w" 2>&1 | tee -a "$OUT/extra.log"
