@@ -246,6 +246,7 @@ struct QuantBuffers {
   size_t widest = 0;
   bool any = false;
   bool experts = false;     // quantized routed experts (decode stages T * K slots' activations)
+  bool fp8_block = false;   // FP8 with 128 x 128 block scales (prefill quantizes activations for FP8 GEMMs)
   size_t expert_elems = 0;  // every expert of one projection widened (steps past kGemvMaxRows rows)
 };
 
@@ -260,15 +261,21 @@ QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix
   auto group = [&](const std::vector<model::Mat>& parts, bool gate_up) {
     PackedQuant pq;
     const Placement pl = place(parts, gate_up, false, &pq);
+    const auto block_scaled = [](const PackedQuant& q) {
+      return q.format == model::quant::WeightFormat::kFp8 && q.block_rows == 128 && q.block_cols == 128;
+    };
     if (pl == Placement::kPacked) {
       qb.any = true;
       qb.widest = std::max(qb.widest, static_cast<size_t>(pq.rows * pq.cols));
+      qb.fp8_block |= block_scaled(pq);
     } else if (pl == Placement::kParts) {
       qb.any = true;
       for (const auto& p : parts) {
         PackedQuant one;
-        if (place({p}, false, false, &one) == Placement::kPacked)
+        if (place({p}, false, false, &one) == Placement::kPacked) {
           qb.widest = std::max(qb.widest, static_cast<size_t>(p.rows * p.cols));
+          qb.fp8_block |= block_scaled(one);
+        }
       }
     }
   };
@@ -399,6 +406,11 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   size_t wdq = !opt.exact && R > kDecodeMaxRows ? qb.widest : 0;
   if (qb.experts && R > kGemvMaxRows) wdq = std::max(wdq, qb.expert_elems);
   const int64_t xq_rows = qb.experts ? kGemvMaxRows * std::max<int64_t>(K, 1) : kGemvMaxRows;
+  // FP8 block-scaled matrices: prefill's activations in E4M3 and their per-128-column scales (rows to 8).
+  const bool x8 = qb.fp8_block && !opt.exact && R > kDecodeMaxRows;
+  const int64_t x8_rows = x8 ? (R + 7) / 8 * 8 : 0, x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;
+  s.add(std::max<size_t>(static_cast<size_t>(x8_rows * x8_cols), 16));
+  s.add(static_cast<size_t>(std::max<int64_t>(x8_cols / 128 * x8_rows, 4)) * 4);
   s.add(std::max<size_t>(wdq * 2, 16));
   s.add(qb.any ? static_cast<size_t>(xq_rows * Kmax) * 2 : 16);
   s.add(static_cast<size_t>(xq_rows) * 4);

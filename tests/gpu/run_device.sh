@@ -55,7 +55,7 @@ for w in $what; do
     qtests)
       section "gpu tests: quantized kernels and models"
       timeout 120 "$BIN/df_gpu_tests" --gtest_brief=1 \
-        --gtest_filter='CudaGemvQuant*:CudaQuant*:Fixtures/CudaQuantModel*' 2>&1 | tee "$OUT/gpu_qtests.log" |
+        --gtest_filter='CudaGemvQuant*:CudaQuant*:CudaFp8Gemm*:Fixtures/CudaQuantModel*' 2>&1 | tee "$OUT/gpu_qtests.log" |
         grep -E "^\[ +(FAILED|PASSED|OK) +\]|Failure|error|vs cpu|tests ran|Expected|Which is|actual" | head -80
       echo "exit ${PIPESTATUS[0]}"
       ;;

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.hpp"
 #include "backend/cuda/elementwise.cuh"
 #include "backend/cuda/embedding.cuh"
+#include "backend/cuda/fp8_activations.cuh"
 #include "backend/cuda/gated_deltanet.cuh"
 #include "backend/cuda/gdn_chunked.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -900,6 +901,23 @@ core::Status CudaBackend::plan_memory() {
     }
   any_quant |= quant_experts;
   const int64_t xq_rows = quant_experts ? kQuantGemvMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
+  // FP8 block-scaled matrices: prefill chunks past the decode buckets quantize their activations to E4M3
+  // per 128 columns for cuBLASLt's FP8 GEMM (rows rounded up to 8).
+  bool fp8_block = false;
+  const auto block_scaled = [](const DMat& m) {
+    return m.quantized && !m.q.nvfp4 && m.q.block_rows == 128 && m.q.block_cols == 128;
+  };
+  for (const DLayer& L : layers_)
+    for (const DMat* m :
+         {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down}) {
+      fp8_block |= block_scaled(*m);
+      for (const DMat& p : m->parts) fp8_block |= block_scaled(p);
+    }
+  const bool x8 = fp8_block && !opt_.exact && R > kDecodeMaxRows;
+  ws_.x8_rows = x8 ? (R + 7) / 8 * 8 : 0;
+  ws_.x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;
+  bufs.push_back({&ws_.x8, std::max<size_t>(static_cast<size_t>(ws_.x8_rows * ws_.x8_cols), 16)});
+  f(ws_.x8_scale, std::max<int64_t>(ws_.x8_cols / 128 * ws_.x8_rows, 4));
   bufs.push_back({&ws_.wdq, std::max<size_t>(ws_.wdq_elems * 2, 16)});
   bufs.push_back({&ws_.xq, any_quant ? static_cast<size_t>(xq_rows * Kmax) * 2 : 16});
   f(ws_.xq_factor, xq_rows);
@@ -1004,6 +1022,11 @@ core::Status CudaBackend::tune_gemms() {
   x16_holds_ = {};
   DF_CUDA_TRY(
       fill_random(ws_.x16, core::DType::kBF16, static_cast<int64_t>(ws_.x16_elems), 7, 1.0f, 0.0f, stream_));
+  // The FP8 GEMMs' input: the same random rows quantized (the widest that x16 holds at T rows).
+  const int64_t k8 =
+      T > 0 ? std::min<int64_t>(ws_.x8_cols, static_cast<int64_t>(ws_.x16_elems) / T / 128 * 128) : 0;
+  if (ws_.x8_rows >= fp8_gemm_rows(T) && k8 > 0)
+    DF_CUDA_TRY(quantize_fp8_1x128(ws_.x16, k8, T, fp8_gemm_rows(T), k8, ws_.x8, ws_.x8_scale, stream_));
   const auto tune = [&](const DMat& W, void* y, core::DType y_type) -> core::Status {
     if (!W.data || !takes_gemm(T, W)) return core::Status();
     return gemm_.tune(gemm_call(ws_.x16, T, W, y, y_type, W.rows), kGemmCandidates, stream_);
@@ -1034,6 +1057,7 @@ core::Status CudaBackend::tune_gemms() {
 }
 
 core::Status CudaBackend::warm_up() {
+  enable_fp8_gemms();
   if (!opt_.exact) DF_TRY(tune_gemms());
   if (opt_.engine_pools) return core::Status();  // graphs come with the pools (allocate_pools)
   return capture_graphs();
@@ -1151,11 +1175,12 @@ core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, co
 
 bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
   if (!W.parts.empty()) return false;
-  // A quantized weight is widened for cuBLASLt only past the decode buckets: up to them, GEMV passes over the
-  // 4-bit or 8-bit codes read fewer bytes than writing and reading a bf16 copy.
+  // A quantized weight goes to cuBLASLt (widened, or FP8 as it is) only past the decode buckets: up to them,
+  // GEMV passes over the 4-bit or 8-bit codes read fewer bytes than writing and reading a bf16 copy.
   if (W.quantized)
-    return !opt_.exact && T > kDecodeMaxRows && static_cast<size_t>(W.rows * W.cols) <= ws_.wdq_elems &&
-           static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
+    return !opt_.exact && T > kDecodeMaxRows && static_cast<size_t>(T * W.cols) <= ws_.x16_elems &&
+           (W.fp8_gemm ? fp8_gemm_rows(T) <= std::min(ws_.x8_rows, max_rows_) && W.cols <= ws_.x8_cols
+                       : static_cast<size_t>(W.rows * W.cols) <= ws_.wdq_elems);
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   return !opt_.exact && T > kGemvMaxRows && half && W.cols % 8 == 0 &&
          static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
@@ -1163,19 +1188,48 @@ bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
 
 GemmCall CudaBackend::gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
                                 int64_t ldy) const {
+  if (W.fp8_gemm)
+    return GemmCall{W.q.codes, core::DType::kF8E4M3, W.rows, W.cols, ws_.x8, fp8_gemm_rows(T), y, y_type, ldy,
+                    W.q.grid,  ws_.x8_scale};
   if (W.quantized) return GemmCall{ws_.wdq, core::DType::kBF16, W.rows, W.cols, x16, T, y, y_type, ldy};
   return GemmCall{W.data, W.dtype, W.rows, W.cols, x16, T, y, y_type, ldy};
 }
 
-core::Expected<DMat> CudaBackend::gemm_weight(const DMat& W) {
-  if (!W.quantized) return W;
-  DF_CUDA_TRY(dequantize_bf16(W.q, ws_.wdq, stream_));
-  DMat v;
-  v.data = ws_.wdq;
-  v.dtype = core::DType::kBF16;
-  v.rows = W.rows;
-  v.cols = W.cols;
-  return v;
+core::Status CudaBackend::run_gemm(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
+                                   int64_t ldy) {
+  if (W.fp8_gemm) {
+    DF_CUDA_TRY(quantize_fp8_1x128(x16, W.cols, T, fp8_gemm_rows(T), W.cols, ws_.x8, ws_.x8_scale, stream_));
+  } else if (W.quantized) {
+    DF_CUDA_TRY(dequantize_bf16(W.q, ws_.wdq, stream_));
+  }
+  return gemm_.run(gemm_call(x16, T, W, y, y_type, ldy), stream_);
+}
+
+void CudaBackend::enable_fp8_gemms() {
+  // Every output buffer of these matmuls holds max_rows_ rows (the FP8 GEMM writes T rounded up to 8).
+  if (opt_.exact || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
+  const auto enable = [&](DMat& m, void* y) {
+    if (!m.quantized || m.q.nvfp4 || m.q.block_rows != 128 || m.q.block_cols != 128 ||
+        m.q.grid_cols * 128 != m.cols || m.cols % 512 != 0 || m.rows % 8 != 0 || m.cols > ws_.x8_cols)
+      return;
+    m.fp8_gemm = true;
+    // cuBLASLt's answer for a whole chunk; a build without the block-scaled FP8 GEMM keeps the bf16 copy.
+    m.fp8_gemm = gemm_.supports(gemm_call(ws_.x16, max_rows_, m, y, core::DType::kF32, m.rows));
+  };
+  const auto each = [&](DMat& m, void* y) {
+    enable(m, y);
+    for (DMat& p : m.parts) enable(p, y);
+  };
+  for (DLayer& L : layers_) {
+    each(L.in_proj, ws_.proj);
+    each(L.out_proj, ws_.y);
+    each(L.qkv, ws_.proj);
+    each(L.o_proj, ws_.y);
+    each(L.gate_up, ws_.proj);
+    each(L.down, ws_.y);
+    each(L.shared_gu, ws_.proj);
+    each(L.shared_down, ws_.y_shared);
+  }
 }
 
 core::Status CudaBackend::linear_quant(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y,
@@ -1219,8 +1273,7 @@ core::Status CudaBackend::linear(const float* x, int64_t ldx, int64_t T, const D
     return core::Error{"cuda backend: internal: the input is in ws_.x16 only, for a matmul that reads fp32"};
   if (gemm) {
     DF_CUDA_TRY(stage_x16(x, ldx, T, W.cols, gemm_type(W)));
-    DF_ASSIGN(const DMat Wg, gemm_weight(W));
-    return gemm_.run(gemm_call(ws_.x16, T, Wg, y, core::DType::kF32, ldy), stream_);
+    return run_gemm(ws_.x16, T, W, y, core::DType::kF32, ldy);
   }
   for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kGemvMaxRows, T - t0));
@@ -1419,14 +1472,12 @@ core::Status CudaBackend::mlp_16bit(int64_t n, const DMat& gate_up, const DMat& 
   const int64_t H = config_.hidden_size, I = down.cols;
   const core::DType dt = gemm_type(gate_up);
   DF_CUDA_TRY(stage_x16(ws_.xn, H, n, H, dt));
-  DF_ASSIGN(const DMat gu, gemm_weight(gate_up));
-  DF_TRY(gemm_.run(gemm_call(ws_.x16, n, gu, ws_.proj, dt, 2 * I), stream_));
+  DF_TRY(run_gemm(ws_.x16, n, gate_up, ws_.proj, dt, 2 * I));
   prof_.mark(swiglu_mark, stream_);
   x16_holds_ = {};
   DF_CUDA_TRY(swiglu(ws_.proj, dt, 2 * I, n, I, ws_.x16, dt, I, stream_));
   prof_.mark(down_mark, stream_);
-  DF_ASSIGN(const DMat dn, gemm_weight(down));
-  return gemm_.run(gemm_call(ws_.x16, n, dn, y, core::DType::kF32, H), stream_);
+  return run_gemm(ws_.x16, n, down, y, core::DType::kF32, H);
 }
 
 core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {

@@ -63,6 +63,9 @@ struct DMat {
   int64_t rows = 0, cols = 0;
   bool quantized = false;
   QuantWeight q;
+  // FP8 with 128 x 128 block scales that prefill runs on cuBLASLt's block-scaled FP8 GEMM, activations
+  // quantized per 128 columns (set at load, enable_fp8_gemms); otherwise widened to bf16 first.
+  bool fp8_gemm = false;
   std::vector<DMat> parts;
   size_t bytes() const { return static_cast<size_t>(rows * cols) * core::dtype_size(dtype); }
   // A plain matrix of one 16- or 32-bit type in one allocation (what the float kernels take).
@@ -245,10 +248,15 @@ class CudaBackend final : public SequenceBackend {
   // in fp32 or in W's type.
   GemmCall gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,
                      int64_t ldy) const;
-  // The 16-bit type cuBLASLt runs W in (bf16 for quantized weights, widened first).
+  // The 16-bit type of cuBLASLt's input for W (bf16 for quantized weights: widened first, or, for FP8 GEMMs,
+  // the bf16 activations quantize_fp8_1x128 reads).
   static core::DType gemm_type(const DMat& W) { return W.quantized ? core::DType::kBF16 : W.dtype; }
-  // W as cuBLASLt reads it: itself, or a quantized W widened to bf16 into ws_.wdq (enqueued on the stream).
-  core::Expected<DMat> gemm_weight(const DMat& W);
+  // y = x16 @ W^T on cuBLASLt (gemm_call's), after what W's form needs first, enqueued on the stream: a
+  // quantized W widened to bf16 into ws_.wdq, or, for an FP8 GEMM, x16 quantized into ws_.x8 (whose padding
+  // rows up to a multiple of 8 write y's rows past T: y holds max_rows_ rows).
+  core::Status run_gemm(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type, int64_t ldy);
+  // At load: marks each layer's FP8 block-scaled matrix that cuBLASLt's block-scaled FP8 GEMM takes.
+  void enable_fp8_gemms();
   // y = x @ W^T for a quantized W: GEMV tiles of kQuantGemvMaxRows rows over fp16 activations.
   core::Status linear_quant(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,
                             bool swiglu);
@@ -321,6 +329,9 @@ class CudaBackend final : public SequenceBackend {
     float* xq_factor = nullptr;  // and their per-row factors
     void* wdq = nullptr;         // a quantized weight widened to bf16 for cuBLASLt (prefill)
     size_t wdq_elems = 0;
+    void* x8 = nullptr;         // FP8 GEMMs: the activations in E4M3 [x8_rows, K] (quantize_fp8_1x128)
+    float* x8_scale = nullptr;  // and their per-128-column scales [K / 128, x8_rows]
+    int64_t x8_rows = 0, x8_cols = 0;
     void* kv_dequant = nullptr;  // fp8 KV: a prefill's keys and values as bf16 (AttnArgs::dequant)
     int64_t kv_dequant_elems = 0;
   } ws_;

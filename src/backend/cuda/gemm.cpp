@@ -32,6 +32,8 @@ cudaDataType_t lt_type(core::DType t) {
       return CUDA_R_16BF;
     case core::DType::kF16:
       return CUDA_R_16F;
+    case core::DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
     default:
       return CUDA_R_32F;
   }
@@ -71,10 +73,13 @@ Gemm::Key Gemm::key_of(const GemmCall& c) {
 
 core::Status Gemm::describe(const GemmCall& c, Descs& d) const {
   if (!handle_) return core::Error{"cuBLASLt: not initialised"};
-  if (c.dtype != core::DType::kBF16 && c.dtype != core::DType::kF16)
-    return core::Error{"cuBLASLt GEMM: weights must be BF16 or F16"};
-  if (c.y_type != core::DType::kF32 && c.y_type != c.dtype)
-    return core::Error{"cuBLASLt GEMM: the output is fp32 or the weights' type"};
+  const bool fp8 = c.dtype == core::DType::kF8E4M3;
+  if (c.dtype != core::DType::kBF16 && c.dtype != core::DType::kF16 && !fp8)
+    return core::Error{"cuBLASLt GEMM: weights must be BF16, F16 or FP8 E4M3"};
+  if (c.y_type != core::DType::kF32 && c.y_type != (fp8 ? core::DType::kBF16 : c.dtype))
+    return core::Error{"cuBLASLt GEMM: the output is fp32 or the weights' 16-bit type (bf16 for FP8)"};
+  if (fp8 && (!c.w_scale || !c.x_scale || c.K % 512 != 0 || c.N % 8 != 0 || c.T % 8 != 0))
+    return core::Error{"cuBLASLt FP8 GEMM: needs both block scales, K % 512 == 0 and N, T multiples of 8"};
   const cudaDataType_t ab = lt_type(c.dtype);
   // Row-major y[T, N] is column-major y^T[N, T] = W x^T: A = W seen as column-major [K, N] (transposed), B =
   // x seen as column-major [K, T].
@@ -82,6 +87,18 @@ core::Status Gemm::describe(const GemmCall& c, Descs& d) const {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (fp8) {
+    // A (W) scaled per 128 x 128 block, B (x) per 128 elements of its inner dimension; cuBLASLt promotes
+    // each K block's partial sums to fp32 with both scales.
+    const cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                      mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+    DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.w_scale,
+                                             sizeof c.w_scale));
+    DF_LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.x_scale,
+                                             sizeof c.x_scale));
+  }
   DF_LT_TRY(
       cublasLtMatrixLayoutCreate(&d.a, ab, static_cast<uint64_t>(c.K), static_cast<uint64_t>(c.N), c.K));
   DF_LT_TRY(
@@ -150,6 +167,18 @@ core::Status Gemm::run(const GemmCall& c, cudaStream_t stream) {
     it = algos_.emplace(key, first[0]).first;
   }
   return launch(c, d, it->second, stream);
+}
+
+bool Gemm::supports(const GemmCall& c) {
+  if (!handle_) return false;
+  Descs d;
+  if (!describe(c, d).is_ok()) return false;
+  const Key key = key_of(c);
+  if (algos_.count(key)) return true;
+  std::vector<Algo> first;
+  if (!heuristics(c, d, 1, first).is_ok()) return false;
+  algos_.emplace(key, first[0]);
+  return true;
 }
 
 core::Status Gemm::tune(const GemmCall& c, int candidates, cudaStream_t stream) {

@@ -1,7 +1,8 @@
 // Prefill matmuls through cuBLASLt (linked dynamically): y[T, N] = x[T, K] @ W[N, K]^T with x and W both BF16
-// or both F16, fp32 accumulation, y in fp32 or in the weights' 16-bit type. The algorithm for each shape is
-// cuBLASLt's first heuristic choice, or, for shapes tune() has seen, the fastest of its candidates as timed
-// on this GPU; either way chosen once and kept.
+// or both F16, or both FP8 E4M3 with block scales (W per 128 x 128 block, x per 1 x 128 group: Qwen's FP8
+// checkpoints with dynamic activations), fp32 accumulation, y in fp32 or in a 16-bit type. The algorithm for
+// each shape is cuBLASLt's first heuristic choice, or, for shapes tune() has seen, the fastest of its
+// candidates as timed on this GPU; either way chosen once and kept.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,7 +19,11 @@ struct cublasLtContext;
 
 namespace deltaflow::backend::cuda {
 
-// One matmul: W [N, K] row-major; x [T, K] packed row-major; y [T, ldy] of y_type (kF32, or W's type).
+// One matmul: W [N, K] row-major; x [T, K] packed row-major; y [T, ldy] of y_type (kF32, or W's type; BF16
+// for FP8).
+// FP8 (dtype kF8E4M3, W and x both E4M3): w_scale [ceil(N / 128), K / 128] row-major, one fp32 per 128 x 128
+// block of W, and x_scale [K / 128, T], one per 128 columns of an x row (fp8_activations.cuh); K / 128 a
+// multiple of 4, N and T multiples of 8.
 struct GemmCall {
   const void* W = nullptr;
   core::DType dtype = core::DType::kBF16;
@@ -28,6 +33,8 @@ struct GemmCall {
   void* y = nullptr;
   core::DType y_type = core::DType::kF32;
   int64_t ldy = 0;
+  const float* w_scale = nullptr;
+  const float* x_scale = nullptr;
 };
 
 // What tune() found for one shape.
@@ -60,6 +67,9 @@ class Gemm {
   // and keeps the fastest for every later run() of the shape. For load time: it synchronises the stream. A
   // shape already chosen is left as it is.
   core::Status tune(const GemmCall& c, int candidates, cudaStream_t stream);
+  // Whether cuBLASLt has an algorithm for this call's shape and types (it keeps the first for run()); no
+  // launch. For load time: an FP8 block-scaled GEMM needs cuBLASLt 12.9+ on sm_90+.
+  bool supports(const GemmCall& c);
   const std::vector<GemmTuning>& tunings() const { return tunings_; }
 
  private:
