@@ -182,5 +182,36 @@ TEST(CudaQuantSynthetic, EveryFormatLoadsAndDecodesFiniteLogits) {
   }
 }
 
+// FP8 block-128 prefill on the block-scaled FP8 GEMM (activations quantized per 128 columns) against the same
+// synthetic weights widened to bf16 (activations in bf16): close, and not equal (the FP8 path ran). The
+// tolerance, 5e-2 of the largest |logit|, is E4M3's rounding of the activations through 24 layers.
+TEST(CudaQuantSynthetic, Fp8GemmPrefillIsCloseToTheBf16Copy) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  const std::string path = std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.5-0.8b.json";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto cfg = model::parse_text_config(text.str(), path);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.message();
+  std::vector<float> out[2];
+  for (int fp8 = 0; fp8 < 2; ++fp8) {
+    CudaOptions opt;
+    opt.synthetic_quant = "fp8-block";
+    opt.max_context = 1024;
+    opt.fp8_gemm = fp8 == 1;
+    auto b = CudaBackend::synthetic(*cfg, opt, 1);
+    ASSERT_TRUE(b.is_ok()) << b.message();
+    auto s = (*b)->new_sequence();
+    std::vector<int32_t> ids(300);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % 5000);
+    PrefillItem item{s.get(), ids, true};
+    ASSERT_TRUE((*b)->prefill(std::span<const PrefillItem>(&item, 1), out[fp8]).is_ok());
+  }
+  const double err = gpu_test::rel_err(out[1], out[0]);
+  std::printf("fp8 gemm prefill vs bf16 copy: %.3e of the largest logit\n", err);
+  EXPECT_LT(err, 5e-2);
+  EXPECT_NE(out[1], out[0]) << "the FP8 GEMM did not run";
+}
+
 }  // namespace
 }  // namespace deltaflow::backend::cuda

@@ -1207,7 +1207,7 @@ core::Status CudaBackend::run_gemm(const void* x16, int64_t T, const DMat& W, vo
 
 void CudaBackend::enable_fp8_gemms() {
   // Every output buffer of these matmuls holds max_rows_ rows (the FP8 GEMM writes T rounded up to 8).
-  if (opt_.exact || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
+  if (opt_.exact || !opt_.fp8_gemm || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
   const auto enable = [&](DMat& m, void* y) {
     if (!m.quantized || m.q.nvfp4 || m.q.block_rows != 128 || m.q.block_cols != 128 ||
         m.q.grid_cols * 128 != m.cols || m.cols % 512 != 0 || m.rows % 8 != 0 || m.cols > ws_.x8_cols)

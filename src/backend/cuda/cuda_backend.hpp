@@ -52,6 +52,9 @@ struct CudaOptions {
   // synthetic() only: quantized random weights, "nvfp4", "fp8-block" or "nvfp4-mixed" (bench --quant); ""
   // bf16.
   std::string synthetic_quant;
+  // FP8 block-128 weights: prefill chunks past the decode buckets on the block-scaled FP8 GEMM over
+  // per-128-column quantized activations (false: widened to bf16 for cuBLASLt, activations in bf16).
+  bool fp8_gemm = true;
 };
 
 // A device matrix [rows, cols], row-major, in the checkpoint's element type; or quantized (NVFP4 or FP8 codes
