@@ -151,14 +151,20 @@ const std::map<std::string, Help>& table() {
               kAllowSpecial},
              join(sampling_flags(), engine_flags()))}},
       {"eval",
-       {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--json]",
-        "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities.",
+       {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--reference DIR] "
+        "[--json]",
+        "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities; with "
+        "--reference, the NLL difference per scored token against a second model (a quantized checkpoint "
+        "against its float original).",
         join({kModel,
               kDevice,
               kTp,
               {"--ids LIST", "token ids to score; logprobs[i] = log p(ids[i+1] | ids[0..i])"},
               {"--text FILE", "a text file, tokenized with the model's tokenizer"},
               {"--window N", "--text: non-overlapping windows of N tokens (default: the model's context)"},
+              {"--reference DIR",
+               "also score the same windows with the model in DIR (same vocabulary and tokenizer; loaded "
+               "after the first is freed): delta_nll_per_token = (nll - reference nll) / tokens"},
               kJson},
              engine_flags())}},
       {"generate",
