@@ -17,8 +17,8 @@ namespace deltaflow::model::quant {
 // row-major): columns no input reached get 1 on the diagonal, then `damp` times the mean diagonal is added
 // (ten times more, up to 3 times, while the matrix is not positive definite). Empty if it never is. The
 // default 0.1 (GPTQ's paper uses 0.01) measured best on the house model: NVFP4 +0.0089 nats/token at 0.01,
-// +0.0077 at 0.03, +0.0064 at 0.1, +0.0092 at 0.3 (64 KB of calibration text; with 12 KB, 0.01 was worse
-// than no GPTQ at all).
+// +0.0077 at 0.03, +0.0064 at 0.1, +0.0092 at 0.3 (64 KB of calibration text; with 12 KB, on a 740-token
+// slice of the text, 0.01 was worse than no GPTQ at all, 0.1 better: docs/quantization.md).
 std::vector<double> gptq_factor(const std::vector<double>& gram, int64_t K, double damp = 0.1);
 
 // W [N, K] in ModelOpt's NVFP4 layout with weight_scale_2 s2. h: the per-column weights of the block-scale
