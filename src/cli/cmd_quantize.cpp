@@ -66,7 +66,7 @@ core::Expected<std::vector<std::vector<int32_t>>> calibration_windows(const std:
 
 int cmd_quantize(const Argv& argv) {
   const std::string cmd = "quantize";
-  auto args = Args::parse(argv, {{"--model", "--out", "--format", "--calibration"}, {}, 0});
+  auto args = Args::parse(argv, {{"--model", "--out", "--format", "--calibration", "--method"}, {}, 0});
   if (!args) return fail(cmd, args.message());
   const auto model = args->get("--model");
   const auto out = args->get("--out");
@@ -74,11 +74,21 @@ int cmd_quantize(const Argv& argv) {
   if (!model) return fail(cmd, "missing --model DIR");
   if (!out) return fail(cmd, "missing --out DIR");
   if (!format) return fail(cmd, "missing --format fp8-block|nvfp4|nvfp4-mixed");
+  model::quant::QuantMethod method;
+  method.name = args->get_or("--method", "exact");
+  if (!model::quant::is_quant_method(method.name))
+    return fail(cmd, "flag --method: '" + method.name + "' is not one of exact, mse, gptq");
   const auto calibration_file = args->get("--calibration");
-  if (calibration_file && !model::quant::needs_calibration(*format))
-    return fail(cmd, "--calibration is for --format nvfp4-mixed (the others are weight-only)");
+  const bool gptq = method.name == "gptq";
+  if (calibration_file && !model::quant::needs_calibration(*format) && !gptq)
+    return fail(cmd,
+                "--calibration is for --format nvfp4-mixed or --method gptq (the others are weight-only)");
+  if (gptq && !calibration_file)
+    return fail(cmd, "--method gptq needs --calibration FILE (text like the model's inputs)");
   std::optional<model::quant::InputAmax> amax;
-  if (model::quant::needs_calibration(*format)) {
+  std::optional<model::quant::InputStats> stats;
+  const bool want_stats = gptq;
+  if (model::quant::needs_calibration(*format) || want_stats) {
     auto config = model::load_text_config(*model);
     if (!config) return fail(cmd, config.message());
     auto windows = calibration_windows(*model, calibration_file, config->vocab_size);
@@ -86,9 +96,11 @@ int cmd_quantize(const Argv& argv) {
     for (const auto& w : *windows)
       if (static_cast<int64_t>(w.size()) > config->max_position_embeddings)
         return fail(cmd, "a calibration window is longer than the model's max_position_embeddings");
-    auto a = backend::cpu::calibrate_input_amax(*model, *windows);
-    if (!a) return fail(cmd, a.message());
-    amax = std::move(a).value();
+    if (model::quant::needs_calibration(*format)) amax.emplace();
+    if (want_stats) stats.emplace();
+    auto st = backend::cpu::calibrate(*model, *windows, amax ? &*amax : nullptr, stats ? &*stats : nullptr);
+    if (!st) return fail(cmd, st.message());
+    method.stats = stats ? &*stats : nullptr;
   }
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   auto progress = [&](size_t done, size_t total) {
@@ -98,10 +110,10 @@ int cmd_quantize(const Argv& argv) {
                  "########################################", width - filled, "", done, total);
     if (done == total) std::fprintf(stderr, "\n");
   };
-  auto st =
-      model::quant::write_quantized_checkpoint(*model, *out, *format, progress, amax ? &*amax : nullptr);
+  auto st = model::quant::write_quantized_checkpoint(*model, *out, *format, progress, amax ? &*amax : nullptr,
+                                                     method);
   if (!st) return fail(cmd, st.message());
-  std::printf("wrote %s (%s)\n", out->c_str(), format->c_str());
+  std::printf("wrote %s (%s, method %s)\n", out->c_str(), format->c_str(), method.name.c_str());
   return 0;
 }
 

@@ -151,14 +151,20 @@ const std::map<std::string, Help>& table() {
               kAllowSpecial},
              join(sampling_flags(), engine_flags()))}},
       {"eval",
-       {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--json]",
-        "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities.",
+       {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--reference DIR] "
+        "[--json]",
+        "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities; with "
+        "--reference, the NLL difference per scored token against a second model (a quantized checkpoint "
+        "against its float original).",
         join({kModel,
               kDevice,
               kTp,
               {"--ids LIST", "token ids to score; logprobs[i] = log p(ids[i+1] | ids[0..i])"},
               {"--text FILE", "a text file, tokenized with the model's tokenizer"},
               {"--window N", "--text: non-overlapping windows of N tokens (default: the model's context)"},
+              {"--reference DIR",
+               "also score the same windows with the model in DIR (same vocabulary and tokenizer; loaded "
+               "after the first is freed): delta_nll_per_token = (nll - reference nll) / tokens"},
               kJson},
              engine_flags())}},
       {"generate",
@@ -196,7 +202,8 @@ const std::map<std::string, Help>& table() {
          {"--seed N", "weights seed (default 0)"},
          {"--out DIR", "output directory (required)"}}}},
       {"quantize",
-       {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4|nvfp4-mixed [--calibration FILE]",
+       {"deltaflow quantize --model DIR --out DIR --format fp8-block|nvfp4|nvfp4-mixed "
+        "[--method exact|mse|gptq] [--calibration FILE]",
         "Writes a quantized checkpoint in the published layout (Qwen's FP8 block-128, ModelOpt's NVFP4 and\n"
         "MIXED_PRECISION), with the config and tokenizer files copied; our loader and transformers both read "
         "it.",
@@ -205,9 +212,14 @@ const std::map<std::string, Help>& table() {
          {"--format NAME",
           "fp8-block, nvfp4 (W4A16), or nvfp4-mixed (FP8 W8A8 attention projections, W4A16 MLP and lm_head; "
           "required)"},
+         {"--method NAME",
+          "exact (default: ModelOpt 0.47's recipe, bit-identical), mse (scale search: each block scale, and "
+          "the global one, chosen for the lowest squared error of the weights), or gptq (GPTQ error "
+          "compensation over the calibration inputs, with searched scales; needs --calibration; the most "
+          "accurate). The layout is the same for all three"},
          {"--calibration FILE",
-          "nvfp4-mixed's input scales: text (512-token windows) or {\"ids\": [[...]]} .json (default: 4 "
-          "seeded random windows)"}}}},
+          "nvfp4-mixed's input scales, and --method gptq's input statistics: text (512-token windows, 32 "
+          "at most) or {\"ids\": [[...]]} .json (default: 4 seeded random windows)"}}}},
       {"serve",
        {"deltaflow serve [--model DIR] [--host H] [--port N] [options]",
         "OpenAI- and Ollama-compatible HTTP server, with a chat page at /.",

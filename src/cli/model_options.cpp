@@ -41,6 +41,11 @@ core::Expected<int> parse_tensor_parallel(const Args& args, engine::Device devic
 
 core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
                                                                const engine::SchedulerOptions& engine) {
+  return open_backend(args, model_dir(args), engine);
+}
+
+core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args, const std::string& dir,
+                                                               const engine::SchedulerOptions& engine) {
   DF_ASSIGN(engine::Device d, parse_device(args));
   DF_ASSIGN(int tp, parse_tensor_parallel(args, d));
   engine::LoadLimits limits;
@@ -48,7 +53,7 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
   limits.max_context = engine.max_model_len;
   limits.max_step_tokens = engine.max_num_batched_tokens;
   limits.kv_cache_dtype = engine.kv_cache_dtype;
-  return engine::load_backend(model_dir(args), d, tp, limits);
+  return engine::load_backend(dir, d, tp, limits);
 }
 
 void add_engine_flags(ArgSpec& spec) {
@@ -97,9 +102,13 @@ core::Expected<engine::SchedulerOptions> parse_engine_options(const Args& args) 
 }
 
 core::Expected<EngineHandle> open_engine(const Args& args) {
+  return open_engine(args, model_dir(args));
+}
+
+core::Expected<EngineHandle> open_engine(const Args& args, const std::string& dir) {
   DF_ASSIGN(engine::SchedulerOptions o, parse_engine_options(args));
   EngineHandle h;
-  DF_ASSIGN(h.backend, open_backend(args, o));
+  DF_ASSIGN(h.backend, open_backend(args, dir, o));
   if (o.max_model_len > h.backend->config().max_position_embeddings)
     return core::Error{"flag --max-model-len " + std::to_string(o.max_model_len) + " exceeds the model's " +
                        std::to_string(h.backend->config().max_position_embeddings) +

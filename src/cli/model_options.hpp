@@ -18,6 +18,9 @@ core::Expected<engine::Device> parse_device(const Args& args);
 core::Expected<int> parse_tensor_parallel(const Args& args, engine::Device device);
 core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
                                                                const engine::SchedulerOptions& engine = {});
+// The same with the model directory given (eval --reference loads a second model with the same flags).
+core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args, const std::string& dir,
+                                                               const engine::SchedulerOptions& engine);
 
 // The engine's flags: --max-model-len, --max-num-seqs, --max-num-batched-tokens, --kv-cache-gb,
 // --prefix-cache-gb, --max-queue (values) and --no-prefix-cache (boolean). add_engine_flags puts them in a
@@ -31,6 +34,7 @@ struct EngineHandle {
   std::unique_ptr<engine::Scheduler> scheduler;  // declared last: stopped before the backend goes
 };
 core::Expected<EngineHandle> open_engine(const Args& args);
+core::Expected<EngineHandle> open_engine(const Args& args, const std::string& dir);
 // --temperature, --top-k, --top-p, --min-p, --seed and the presence / frequency / repetition penalties.
 core::Expected<engine::SamplingParams> parse_sampling(const Args& args);
 

@@ -36,7 +36,9 @@ def test_quantize_errors_are_one_line(tiny_models, tmp_path):
                          (["--format", "nvfp4", "--calibration", bad_ids], "--calibration is for --format nvfp4-mixed"),
                          (["--format", "nvfp4-mixed", "--calibration", bad_ids], "outside the vocabulary"),
                          (["--format", "nvfp4-mixed", "--calibration", tmp_path / "missing.txt"],
-                          "cannot read the calibration file")):
+                          "cannot read the calibration file"),
+                         (["--format", "nvfp4", "--method", "awq"], "flag --method: 'awq' is not one of exact, mse, gptq"),
+                         (["--format", "fp8-block", "--method", "gptq"], "--method gptq needs --calibration FILE")):
         p = run("quantize", "--model", tiny_models["dense"], "--out", tmp_path / "x", *args, check=False)
         assert p.returncode != 0
         lines = p.stderr.strip().splitlines()

@@ -15,6 +15,7 @@
 #include "backend/cpu/calibration.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "io/safetensors.hpp"
+#include "model/config.hpp"
 #include "model/quant/quantize.hpp"
 #include "model/quant/writer.hpp"
 #include "model/tiny_checkpoint.hpp"
@@ -141,6 +142,55 @@ TEST_F(QuantWriter, Fp8BlockMatchesTheQwenLayout) {
   expect_same_tensors(base_ + "/q", "qwen_fp8_dense");
   auto b = backend::cpu::CpuBackend::load(base_ + "/q");
   ASSERT_TRUE(b.is_ok()) << b.message();
+}
+
+// --method mse and gptq: the same tensors (names, dtypes, shapes) as the exact method in every format, MoE
+// experts included, other bytes, and the result loads; gptq's statistics reach the experts.
+TEST_F(QuantWriter, SearchAndGptqKeepTheLayout) {
+  ASSERT_TRUE(model::write_tiny_checkpoint("moe", 1, base_ + "/bf16").is_ok());
+  auto config = model::load_text_config(base_ + "/bf16");
+  ASSERT_TRUE(config.is_ok());
+  std::vector<std::vector<int32_t>> windows(2);
+  for (int i = 0; i < 96; ++i)
+    for (auto& w : windows)
+      w.push_back(static_cast<int32_t>((i * 37 + w.size() * 11 + 5) % config->vocab_size));
+  model::quant::InputAmax amax;
+  model::quant::InputStats stats;
+  ASSERT_TRUE(backend::cpu::calibrate(base_ + "/bf16", windows, &amax, &stats).is_ok());
+  int expert_stats = 0;
+  for (const auto& [module, gram] : stats) expert_stats += module.find(".mlp.experts.") != std::string::npos;
+  EXPECT_GT(expert_stats, 0);
+  const auto& g = stats.at("model.layers.0.mlp.shared_expert.down_proj");
+  EXPECT_EQ(g.gram.size(), static_cast<size_t>(g.cols * g.cols));
+  EXPECT_EQ(g.tokens, 192);
+  for (const std::string format : {"nvfp4", "fp8-block", "nvfp4-mixed"}) {
+    std::map<std::string, std::vector<uint8_t>> bytes;
+    std::map<std::string, std::map<std::string, std::pair<std::string, std::vector<int64_t>>>> layout;
+    for (const std::string method : {"exact", "mse", "gptq"}) {
+      const std::string out = base_ + "/" + format + "-" + method;
+      auto st = model::quant::write_quantized_checkpoint(base_ + "/bf16", out, format, nullptr, &amax,
+                                                         {method, &stats});
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      auto f = io::SafetensorsFile::open(out + "/model.safetensors");
+      ASSERT_TRUE(f.is_ok()) << f.message();
+      for (const auto& e : (*f)->header().tensors) {
+        layout[method][e.name] = {std::string(core::dtype_name(e.dtype)), e.shape};
+        const auto* p = static_cast<const uint8_t*>((*f)->tensor_data(e));
+        if (e.name.find(".weight") != std::string::npos)
+          bytes[method].insert(bytes[method].end(), p, p + (e.end - e.begin));
+      }
+      auto b = backend::cpu::CpuBackend::load(out);
+      ASSERT_TRUE(b.is_ok()) << b.message();
+    }
+    EXPECT_EQ(layout["mse"], layout["exact"]) << format;
+    EXPECT_EQ(layout["gptq"], layout["exact"]) << format;
+    EXPECT_NE(bytes["mse"], bytes["exact"]) << format;
+    EXPECT_NE(bytes["gptq"], bytes["mse"]) << format;
+  }
+  auto bad = model::quant::write_quantized_checkpoint(base_ + "/bf16", base_ + "/bad", "nvfp4", nullptr,
+                                                      nullptr, {"awq", nullptr});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.message(), "method 'awq' is not supported (supported: exact, mse, gptq)");
 }
 
 TEST_F(QuantWriter, ErrorsAreOneLine) {

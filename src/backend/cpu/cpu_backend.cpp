@@ -346,19 +346,20 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
   linear(o.data(), T, W.o_proj, out);
 }
 
-namespace {
-
-// down(silu(gate(x)) * up(x)) for T rows.
-void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out) {
+void CpuBackend::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
+                        const std::string* module) {
   const int64_t I = m.gate_proj.rows;
   std::vector<float> g(static_cast<size_t>(T * I)), u(static_cast<size_t>(T * I));
+  std::string gate, up, down;
+  if (module) gate = *module + "gate_proj", up = *module + "up_proj", down = *module + "down_proj";
+  note_input(m.gate_proj, x, T * m.gate_proj.cols, /*with_amax=*/false, module ? &gate : nullptr);
+  note_input(m.up_proj, x, T * m.up_proj.cols, /*with_amax=*/false, module ? &up : nullptr);
   linear(x, T, m.gate_proj, g.data());
   linear(x, T, m.up_proj, u.data());
   elementwise(T * I, [&](int64_t i) { g[i] = silu(g[i]) * u[i]; });
+  note_input(m.down_proj, g.data(), T * I, /*with_amax=*/false, module ? &down : nullptr);
   linear(g.data(), T, m.down_proj, out);
 }
-
-}  // namespace
 
 void CpuBackend::ffn(const model::LayerWeights& L, const LayerConsts& k, const float* x, int64_t T,
                      float* out) {
@@ -397,7 +398,14 @@ void CpuBackend::ffn(const model::LayerWeights& L, const LayerConsts& k, const f
     ye.resize(static_cast<size_t>(n * H));
     for (int64_t i = 0; i < n; ++i)
       std::copy(x + rows[i].first * H, x + (rows[i].first + 1) * H, xe.begin() + i * H);
-    swiglu(L.moe.experts[e], xe.data(), n, ye.data());
+    // Fused experts' slices have no names of their own: they are noted as the per-expert modules
+    // `deltaflow quantize` writes.
+    std::string name;
+    const std::ptrdiff_t layer = &L - weights_.layers.data();
+    const bool named = L.moe.experts[e].gate_proj.name != nullptr;
+    if (input_stats_ && !named && layer >= 0 && layer < static_cast<std::ptrdiff_t>(weights_.layers.size()))
+      name = weights_.prefix + "layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) + ".";
+    swiglu(L.moe.experts[e], xe.data(), n, ye.data(), name.empty() ? nullptr : &name);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < H; ++d) out[rows[i].first * H + d] += rows[i].second * ye[i * H + d];
   }
@@ -460,15 +468,56 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
   return core::Status();
 }
 
-void CpuBackend::note_input(const model::Mat& W, const float* x, int64_t n) {
-  if (!input_amax_ || !W.name) return;
-  float m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
-  std::string module = *W.name;
+void CpuBackend::note_input(const model::Mat& W, const float* x, int64_t n, bool with_amax,
+                            const std::string* name) {
+  if (((!input_amax_ || !with_amax) && !input_stats_) || (!W.name && !name) || n == 0) return;
+  std::string module = name ? *name : *W.name;
   if (module.size() > 7 && module.compare(module.size() - 7, 7, ".weight") == 0)
     module.resize(module.size() - 7);
-  float& slot = (*input_amax_)[module];
-  slot = std::max(slot, m);
+  if (input_amax_ && with_amax) {
+    float m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+    float& slot = (*input_amax_)[module];
+    slot = std::max(slot, m);
+  }
+  if (input_stats_) {
+    // X^T X of this call's rows in fp32, added to the module's total; row i of the upper triangle per task,
+    // then mirrored.
+    const int64_t K = W.cols, T = n / K;
+    // Projections of one block that read the same input (q/k/v, qkv/z, gate/up) are noted one after another:
+    // the totals of the one before are this one's too.
+    const auto parent = [](const std::string& m) { return m.substr(0, m.rfind('.')); };
+    if (x == stats_last_x_ && n == stats_last_n_ && parent(module) == parent(stats_last_module_) &&
+        input_stats_->count(stats_last_module_)) {
+      (*input_stats_)[module] = input_stats_->at(stats_last_module_);
+      return;
+    }
+    stats_last_x_ = x;
+    stats_last_n_ = n;
+    stats_last_module_ = module;
+    model::quant::InputGram& g = (*input_stats_)[module];
+    if (g.cols == 0) {
+      g.cols = K;
+      g.gram.assign(static_cast<size_t>(K * K), 0.0);
+    }
+    g.tokens += T;
+    core::parallel_for(static_cast<size_t>(K), 8, [&](size_t b, size_t e) {
+      std::vector<float> acc(static_cast<size_t>(K));
+      for (size_t i = b; i < e; ++i) {
+        std::fill(acc.begin() + static_cast<std::ptrdiff_t>(i), acc.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* row = x + t * K;
+          const float xi = row[i];
+          if (xi == 0.0f) continue;
+          for (int64_t j = static_cast<int64_t>(i); j < K; ++j) acc[j] += xi * row[j];
+        }
+        for (int64_t j = static_cast<int64_t>(i); j < K; ++j) {
+          g.gram[i * static_cast<size_t>(K) + static_cast<size_t>(j)] += acc[j];
+          if (static_cast<int64_t>(i) != j) g.gram[static_cast<size_t>(j * K) + i] += acc[j];
+        }
+      }
+    });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

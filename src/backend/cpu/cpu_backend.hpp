@@ -21,6 +21,7 @@
 #include "backend/backend.hpp"
 #include "backend/sequence_backend.hpp"
 #include "io/safetensors.hpp"
+#include "model/quant/writer.hpp"
 #include "model/vision_config.hpp"
 #include "model/vision_weights.hpp"
 #include "model/weights.hpp"
@@ -119,6 +120,12 @@ class CpuBackend final : public Backend, public SequenceBackend {
   // Calibration (`deltaflow quantize --format nvfp4-mixed`): while set, the largest |input| of every
   // attention projection is recorded, by module name (the weight's checkpoint name without ".weight").
   void record_input_amax(std::map<std::string, float>* out) { input_amax_ = out; }
+  // While set, the Gram matrix X^T X of every linear module's input (attention, MLP and experts) is summed,
+  // by module name (`deltaflow quantize --method mse|gptq --calibration FILE`).
+  void record_input_stats(model::quant::InputStats* out) {
+    input_stats_ = out;
+    stats_last_x_ = nullptr;
+  }
 
   // The per-sequence API (tests).
   std::unique_ptr<SequenceState> new_sequence() override;
@@ -181,7 +188,18 @@ class CpuBackend final : public Backend, public SequenceBackend {
   std::vector<std::unique_ptr<float[]>> v_pages_;
   std::vector<float> work_;  // sampling scratch
   std::map<std::string, float>* input_amax_ = nullptr;
-  void note_input(const model::Mat& W, const float* x, int64_t n);
+  model::quant::InputStats* input_stats_ = nullptr;
+  const float* stats_last_x_ = nullptr;  // the input the last Gram matrix was summed over
+  int64_t stats_last_n_ = 0;
+  std::string stats_last_module_;
+  // The input x (n floats) of linear W: its amax (attention projections only: `with_amax`) and Gram matrix.
+  // `module`: the name to note it under when the weight has none of its own (a fused expert's slice).
+  void note_input(const model::Mat& W, const float* x, int64_t n, bool with_amax = true,
+                  const std::string* module = nullptr);
+  // down(silu(gate(x)) * up(x)) for T rows. `module`: the MLP's name prefix ("...mlp.experts.3."), for
+  // note_input, when its matrices have no names.
+  void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
+              const std::string* module = nullptr);
   // Drafting (allocated with PoolRequest::draft): the MTP layer's KV is page store n_full_, and the last
   // step's tokens and final (normed) hidden states stay for draft().
   bool draft_ = false;

@@ -27,12 +27,12 @@ uint8_t f32_to_e4m3(float x) {
 }
 
 uint8_t e2m1_code(float x) {
-  static constexpr float kBounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  // torch.searchsorted (left) counts the bounds below |x|; the odd bounds .75, 1.75, 3.5 count when equal
+  // too.
   const uint8_t sign = x < 0 ? 8 : 0;
   const float a = std::fabs(x);
-  uint8_t ord = 0;
-  while (ord < 7 && kBounds[ord] < a) ++ord;  // torch.searchsorted (left): first bound >= a
-  if (a == 0.75f || a == 1.75f || a == 3.5f) ++ord;
+  const int ord =
+      (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
   return static_cast<uint8_t>(sign + ord);
 }
 
@@ -42,21 +42,23 @@ float abs_max(const float* w, size_t n) {
   return m;
 }
 
+uint8_t nvfp4_block_code(const float* blk, float s2) {
+  float sb = abs_max(blk, kNvfp4Group) / (6.0f * s2);
+  if (sb == 0.0f) sb = 1.0f;
+  return f32_to_e4m3(std::clamp(sb, 0x1p-9f, 448.0f));
+}
+
 Nvfp4Weight quantize_nvfp4_modelopt(const float* w, int64_t N, int64_t K, float amax) {
   Nvfp4Weight out;
   const int64_t G = K / kNvfp4Group;
   out.scale_2 = amax / 2688.0f;  // E2M1_MAX * E4M3_MAX
-  const float six_s2 = 6.0f * out.scale_2;
   out.packed.assign(static_cast<size_t>(N * K / 2), 0);
   out.scale.resize(static_cast<size_t>(N * G));
   for (int64_t n = 0; n < N; ++n) {
     const float* row = w + n * K;
     for (int64_t g = 0; g < G; ++g) {
       const float* blk = row + g * kNvfp4Group;
-      float sb = abs_max(blk, kNvfp4Group) / six_s2;
-      if (sb == 0.0f) sb = 1.0f;
-      sb = std::clamp(sb, 0x1p-9f, 448.0f);
-      const uint8_t code = f32_to_e4m3(sb);
+      const uint8_t code = nvfp4_block_code(blk, out.scale_2);
       out.scale[static_cast<size_t>(n * G + g)] = code;
       const float denom = core::f8e4m3_to_f32(code) * out.scale_2;
       for (int64_t j = 0; j < kNvfp4Group; ++j) {
@@ -66,6 +68,15 @@ Nvfp4Weight quantize_nvfp4_modelopt(const float* w, int64_t N, int64_t K, float 
       }
     }
   }
+  return out;
+}
+
+Fp8TensorWeight quantize_fp8_tensor_modelopt(const float* w, size_t n) {
+  Fp8TensorWeight out;
+  out.scale = abs_max(w, n) / 448.0f;
+  out.w.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    out.w[i] = f32_to_e4m3(out.scale > 0 ? core::round_bf16(w[i] / out.scale) : 0.0f);
   return out;
 }
 

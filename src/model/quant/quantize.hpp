@@ -26,8 +26,18 @@ struct Nvfp4Weight {
 
 // max |w| over n values (the amax ModelOpt calibrates; a fused group shares the max of its members').
 float abs_max(const float* w, size_t n);
+// ModelOpt's E4M3 block-scale code of one group of 16: blk_amax / (6 * s2), 0 -> 1, clamped to [2^-9, 448].
+uint8_t nvfp4_block_code(const float* blk, float s2);
 // W [N, K] (K a multiple of 16) with the group amax `amax`.
 Nvfp4Weight quantize_nvfp4_modelopt(const float* w, int64_t N, int64_t K, float amax);
+
+// FP8 per tensor as ModelOpt exports it (nvfp4-mixed's attention): scale = amax / 448 (fp32), codes
+// e4m3(bf16(w / scale)) (the quotient rounded to the model's dtype first, as ModelOpt computes it).
+struct Fp8TensorWeight {
+  std::vector<uint8_t> w;  // E4M3
+  float scale = 0;         // weight_scale
+};
+Fp8TensorWeight quantize_fp8_tensor_modelopt(const float* w, size_t n);
 
 struct Fp8BlockWeight {
   std::vector<uint8_t> w;       // [N, K] E4M3

@@ -7,7 +7,9 @@
 #include <set>
 #include <sstream>
 
+#include "model/quant/gptq.hpp"
 #include "model/quant/quantize.hpp"
+#include "model/quant/search.hpp"
 
 namespace deltaflow::model::quant {
 namespace {
@@ -40,7 +42,33 @@ std::vector<uint8_t> bytes_of(const void* p, size_t n) {
   return std::vector<uint8_t>(b, b + n);
 }
 
+// A module's calibration statistics when the method uses them (gptq) and they fit its K columns.
+const InputGram* stats_of(const QuantMethod& method, const std::string& module, int64_t K) {
+  if (!method.stats || method.name != "gptq") return nullptr;
+  const auto it = method.stats->find(module);
+  if (it == method.stats->end() || it->second.cols != K || it->second.tokens < 1) return nullptr;
+  return &it->second;
+}
+
+// The mean squared input of each column (the Gram matrix's diagonal over the tokens); empty without stats.
+std::vector<float> column_weights(const InputGram* g) {
+  std::vector<float> h;
+  if (!g) return h;
+  for (int64_t k = 0; k < g->cols; ++k)
+    h.push_back(
+        static_cast<float>(g->gram[static_cast<size_t>(k * g->cols + k)] / static_cast<double>(g->tokens)));
+  return h;
+}
+
+const float* ptr_or_null(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
 }  // namespace
+
+bool is_quant_method(const std::string& name) {
+  return name == "exact" || name == "mse" || name == "gptq";
+}
 
 bool needs_calibration(const std::string& format) {
   return format == "nvfp4-mixed";
@@ -49,7 +77,10 @@ bool needs_calibration(const std::string& format) {
 core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, const ModelWeights& w,
                                                         const io::Checkpoint& ck, const std::string& format,
                                                         const std::function<void(size_t, size_t)>& progress,
-                                                        const InputAmax* input_amax) {
+                                                        const InputAmax* input_amax,
+                                                        const QuantMethod& method) {
+  if (!is_quant_method(method.name))
+    return core::Error{"method '" + method.name + "' is not supported (supported: exact, mse, gptq)"};
   if (format != "nvfp4" && format != "fp8-block" && format != "nvfp4-mixed")
     return core::Error{"format '" + format + "' is not supported (supported: nvfp4, nvfp4-mixed, fp8-block)"};
   const bool mixed = format == "nvfp4-mixed";
@@ -109,6 +140,25 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
       amax = std::max(amax, abs_max(vals.back().data(), vals.back().size()));
       if (m.mat->name) consumed.insert(*m.mat->name);
     }
+    // The members of a group read one input: its statistics (the first member's) weight them all.
+    const int64_t Kg = g.front().mat->cols;
+    const InputGram* stats = stats_of(method, g.front().module, Kg);
+    const std::vector<float> h = column_weights(stats);
+    std::vector<double> U;
+    if (method.name == "gptq" && stats) U = gptq_factor(stats->gram, Kg);
+    const bool gptq = !U.empty();
+    // mse's NVFP4 members share a searched weight_scale_2.
+    std::vector<Nvfp4Weight> searched;
+    if (method.name != "exact" && !gptq && (format == "nvfp4" || mixed) && !is_fp8(g.front().module) &&
+        Kg % kNvfp4Group == 0) {
+      std::vector<const float*> ptrs;
+      std::vector<int64_t> rows;
+      for (size_t j = 0; j < g.size(); ++j) {
+        ptrs.push_back(vals[j].data());
+        rows.push_back(g[j].mat->rows);
+      }
+      searched = quantize_nvfp4_search_group(ptrs, rows, Kg, amax, ptr_or_null(h));
+    }
     for (size_t j = 0; j < g.size(); ++j) {
       const Mat& m = *g[j].mat;
       const int64_t N = m.rows, K = m.cols;
@@ -120,10 +170,12 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
         const auto it = input_amax->find(mod);
         if (it == input_amax->end() || !(it->second > 0))
           return core::Error{"calibration saw no input for module '" + mod + "'"};
-        const float scale = abs_max(vals[j].data(), vals[j].size()) / 448.0f;
-        std::vector<uint8_t> q(vals[j].size());
-        for (size_t i = 0; i < q.size(); ++i)
-          q[i] = f32_to_e4m3(scale > 0 ? core::round_bf16(vals[j][i] / scale) : 0.0f);
+        Fp8TensorWeight t = method.name == "exact"
+                                ? quantize_fp8_tensor_modelopt(vals[j].data(), vals[j].size())
+                                : quantize_fp8_tensor_search(vals[j].data(), N, K, ptr_or_null(h));
+        if (gptq) t.w = gptq_fp8(vals[j].data(), N, K, {t.scale}, N, K, U);
+        const float scale = t.scale;
+        std::vector<uint8_t> q = std::move(t.w);
         const float in_scale = it->second / 448.0f;
         out.tensors.push_back({mod + ".weight", core::DType::kF8E4M3, {N, K}, std::move(q)});
         out.tensors.push_back({mod + ".weight_scale", core::DType::kF32, {}, bytes_of(&scale, 4)});
@@ -134,7 +186,9 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
         if (K % kNvfp4Group != 0)
           return core::Error{"tensor '" + mod + ".weight' has " + std::to_string(K) +
                              " columns, NVFP4 needs a multiple of 16"};
-        Nvfp4Weight q = quantize_nvfp4_modelopt(vals[j].data(), N, K, amax);
+        Nvfp4Weight q = gptq ? gptq_nvfp4(vals[j].data(), N, K, amax / 2688.0f, U, ptr_or_null(h))
+                        : !searched.empty() ? std::move(searched[j])
+                                            : quantize_nvfp4_modelopt(vals[j].data(), N, K, amax);
         out.tensors.push_back({mod + ".weight", core::DType::kU8, {N, K / 2}, std::move(q.packed)});
         out.tensors.push_back(
             {mod + ".weight_scale", core::DType::kF8E4M3, {N, K / kNvfp4Group}, std::move(q.scale)});
@@ -142,7 +196,14 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
         layers[mod] = {{"quant_algo", "W4A16_NVFP4"}, {"group_size", 16}};
         fp4_targets.push_back(mod);
       } else {
-        Fp8BlockWeight q = quantize_fp8_block(vals[j].data(), N, K);
+        Fp8BlockWeight q = method.name == "exact"
+                               ? quantize_fp8_block(vals[j].data(), N, K)
+                               : quantize_fp8_block_search(vals[j].data(), N, K, ptr_or_null(h));
+        if (gptq) {
+          std::vector<float> scales;
+          for (uint16_t s16 : q.scale) scales.push_back(core::bf16_to_f32(s16));
+          q.w = gptq_fp8(vals[j].data(), N, K, scales, kFp8Block, kFp8Block, U);
+        }
         const int64_t bn = (N + kFp8Block - 1) / kFp8Block, bk = (K + kFp8Block - 1) / kFp8Block;
         out.tensors.push_back({mod + ".weight", core::DType::kF8E4M3, {N, K}, std::move(q.w)});
         out.tensors.push_back({mod + ".weight_scale_inv",
@@ -172,17 +233,20 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
   }
   ignore.push_back("mtp*");
   const ordered_json producer = {{"name", "modelopt"}, {"version", "0.47.0"}};
+  const std::string quantized_by =
+      method.name != "exact" ? "deltaflow quantize --method " + method.name + " (ModelOpt 0.47 layout)"
+      : mixed                ? "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical weights)"
+                             : "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical)";
   if (mixed) {
     // As ModelOpt 0.47 writes MIXED_PRECISION: the per-module algorithms, in hf_quant_config.json and in
     // config.json's quantization_config (config groups of W8A8 FP8 and W4A16 NVFP4 targets).
-    ordered_json hq = {
-        {"producer", producer},
-        {"quantization",
-         {{"quant_algo", "MIXED_PRECISION"},
-          {"kv_cache_quant_algo", nullptr},
-          {"quantized_layers", layers},
-          {"exclude_modules", ignore}}},
-        {"quantized_by", "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical weights)"}};
+    ordered_json hq = {{"producer", producer},
+                       {"quantization",
+                        {{"quant_algo", "MIXED_PRECISION"},
+                         {"kv_cache_quant_algo", nullptr},
+                         {"quantized_layers", layers},
+                         {"exclude_modules", ignore}}},
+                       {"quantized_by", quantized_by}};
     out.hf_quant_config = hq.dump(4);
     const ordered_json fp8 = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
     ordered_json qc = {
@@ -204,7 +268,7 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
                          {"kv_cache_quant_algo", nullptr},
                          {"group_size", 16},
                          {"exclude_modules", ignore}}},
-                       {"quantized_by", "deltaflow quantize (ModelOpt 0.47 weight recipe, bit-identical)"}};
+                       {"quantized_by", quantized_by}};
     out.hf_quant_config = hq.dump(4);
     ordered_json qc = {
         {"config_groups",
@@ -234,7 +298,7 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
 core::Status write_quantized_checkpoint(const std::string& model_dir, const std::string& out_dir,
                                         const std::string& format,
                                         const std::function<void(size_t, size_t)>& progress,
-                                        const InputAmax* input_amax) {
+                                        const InputAmax* input_amax, const QuantMethod& method) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_empty(out_dir, ec))
@@ -242,7 +306,7 @@ core::Status write_quantized_checkpoint(const std::string& model_dir, const std:
   DF_ASSIGN(TextConfig c, load_text_config(model_dir));
   DF_ASSIGN(io::Checkpoint ck, io::Checkpoint::open(model_dir));
   DF_ASSIGN(ModelWeights w, bind_weights(c, ck));
-  DF_ASSIGN(QuantizedCheckpoint q, quantize_checkpoint(c, w, ck, format, progress, input_amax));
+  DF_ASSIGN(QuantizedCheckpoint q, quantize_checkpoint(c, w, ck, format, progress, input_amax, method));
   fs::create_directories(out_dir, ec);
   if (ec) return core::Error{out_dir + ": cannot create: " + ec.message()};
   DF_TRY(io::write_safetensors(out_dir + "/model.safetensors", q.tensors, {{"format", "pt"}}));

@@ -33,11 +33,33 @@ struct QuantizedCheckpoint {
 // ".weight"); nvfp4-mixed's FP8 input scales are amax / 448.
 using InputAmax = std::map<std::string, float>;
 
+// The Gram matrix X^T X of a linear module's calibration inputs (cols x cols, row-major, summed over the
+// tokens), by module name: what --method gptq minimises the output error over (its diagonal weights the
+// block-scale search).
+struct InputGram {
+  int64_t cols = 0;
+  int64_t tokens = 0;
+  std::vector<double> gram;
+};
+using InputStats = std::map<std::string, InputGram>;
+
+// How the scales and codes are chosen (the layout is the format's either way):
+//   exact: ModelOpt 0.47's recipe (and Qwen's FP8 block one), bit for bit;
+//   mse:   scale search (search.hpp) on the weights alone (weighting the error by the calibration inputs'
+//          mean squares measured worse on the house model: docs/quantization.md);
+//   gptq:  GPTQ over `stats` (gptq.hpp) with searched scales; a module without stats falls back to mse.
+struct QuantMethod {
+  std::string name = "exact";
+  const InputStats* stats = nullptr;
+};
+bool is_quant_method(const std::string& name);
+
 // `progress(done, total)` is called after each quantized matrix. `input_amax`: needed by nvfp4-mixed.
 core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, const ModelWeights& w,
                                                         const io::Checkpoint& ck, const std::string& format,
                                                         const std::function<void(size_t, size_t)>& progress,
-                                                        const InputAmax* input_amax = nullptr);
+                                                        const InputAmax* input_amax = nullptr,
+                                                        const QuantMethod& method = {});
 
 // Reads the float checkpoint MODEL_DIR and writes OUT_DIR: model.safetensors, config.json with its
 // quantization_config, hf_quant_config.json (nvfp4), and every other file of MODEL_DIR (tokenizer, chat
@@ -45,7 +67,8 @@ core::Expected<QuantizedCheckpoint> quantize_checkpoint(const TextConfig& c, con
 core::Status write_quantized_checkpoint(const std::string& model_dir, const std::string& out_dir,
                                         const std::string& format,
                                         const std::function<void(size_t, size_t)>& progress,
-                                        const InputAmax* input_amax = nullptr);
+                                        const InputAmax* input_amax = nullptr,
+                                        const QuantMethod& method = {});
 
 // Whether the format needs calibration (input_amax).
 bool needs_calibration(const std::string& format);
