@@ -6,7 +6,7 @@
 set -u
 BIN=${BIN:-build-cuda-carry}
 # `deltaflow bench`, or df_bench (the same command linked without the HTTP server's shared libraries).
-BENCH=${BENCH:-$BIN/deltaflow}
+BENCH=${BENCH:-$BIN/deltaflow bench}
 [ -x "$BIN/df_bench" ] && BENCH="$BIN/df_bench bench"
 OUT=${OUT:-/tmp/df_out}
 FIXTURE_ROOT=${FIXTURE_ROOT:-/work/main}
