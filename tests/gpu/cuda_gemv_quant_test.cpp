@@ -196,22 +196,79 @@ TEST(CudaGemvQuant, ARowPastFp16sRangeIsScaledNotLost) {
 }
 
 TEST(CudaGemvQuant, DequantizedBf16EqualsTheReference) {
-  for (bool nv : {true, false})
-    for (bool inter : {false, true}) {
-      if (!nv && inter) continue;
-      const HostQuant h = nv ? random_nvfp4(96, 192, 3) : random_fp8(130, 256, 128, 4);
+  // 100 NVFP4 rows: a padded last tile.
+  for (int64_t nv_rows : {int64_t{96}, int64_t{100}})
+    for (bool nv : {true, false})
+      for (bool inter : {false, true}) {
+        if ((!nv && inter) || (nv_rows % 16 != 0 && (inter || !nv))) continue;
+        const HostQuant h = nv ? random_nvfp4(nv_rows, 192, 3) : random_fp8(130, 256, 128, 4);
+        const std::vector<const model::Mat*> parts = {&h.m};
+        auto p = pack_quant(parts, inter);
+        ASSERT_TRUE(p.is_ok()) << p.message();
+        DevQuant d = upload(*p);
+        DevBuf<uint16_t> out(static_cast<size_t>(h.m.rows * h.m.cols));
+        ASSERT_EQ(dequantize_bf16(d.q, out.get(), nullptr), cudaSuccess);
+        const auto got = out.download();
+        const auto want = dequant(h.m);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(got[i], core::f32_to_bf16(static_cast<float>(want[i])))
+              << (nv ? "nvfp4" : "fp8") << (inter ? " interleaved" : "") << " element " << i;
+      }
+}
+
+// The grouped form: each expert of a stacked set widened at out + e * N * K, as dequantize_bf16 widens it
+// alone.
+TEST(CudaGemvQuant, GroupedDequantizationWidensEachExpert) {
+  for (bool nv : {true, false}) {
+    const int64_t N = 64, K = 128, E = 3;
+    std::vector<HostQuant> hs;
+    for (int64_t e = 0; e < E; ++e)
+      hs.push_back(nv ? random_nvfp4(N, K, static_cast<uint32_t>(10 + e))
+                      : random_fp8(N, K, 128, static_cast<uint32_t>(10 + e)));
+    // The experts' device forms back to back, as the backend stacks them.
+    std::vector<uint8_t> codes, scales;
+    std::vector<float> rows, grid;
+    for (const auto& h : hs) {
       const std::vector<const model::Mat*> parts = {&h.m};
-      auto p = pack_quant(parts, inter);
+      auto p = pack_quant(parts, nv);
       ASSERT_TRUE(p.is_ok()) << p.message();
-      DevQuant d = upload(*p);
-      DevBuf<uint16_t> out(static_cast<size_t>(h.m.rows * h.m.cols));
-      ASSERT_EQ(dequantize_bf16(d.q, out.get(), nullptr), cudaSuccess);
-      const auto got = out.download();
-      const auto want = dequant(h.m);
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_EQ(got[i], core::f32_to_bf16(static_cast<float>(want[i])))
-            << (nv ? "nvfp4" : "fp8") << (inter ? " interleaved" : "") << " element " << i;
+      codes.insert(codes.end(), p->codes.begin(), p->codes.end());
+      scales.insert(scales.end(), p->scales.begin(), p->scales.end());
+      rows.insert(rows.end(), p->row_scales.begin(), p->row_scales.end());
+      grid.insert(grid.end(), p->grid.begin(), p->grid.end());
     }
+    const std::vector<const model::Mat*> first = {&hs[0].m};
+    auto p0 = pack_quant(first, nv);
+    ASSERT_TRUE(p0.is_ok());
+    DevQuant d = upload(*p0);
+    DevBuf<uint8_t> dc(codes);
+    d.q.codes = dc.get();
+    d.q.codes_stride = static_cast<int64_t>(p0->codes.size());
+    std::unique_ptr<DevBuf<uint8_t>> ds;
+    std::unique_ptr<DevBuf<float>> dr, dg;
+    if (nv) {
+      ds = std::make_unique<DevBuf<uint8_t>>(scales);
+      dr = std::make_unique<DevBuf<float>>(rows);
+      d.q.scales = ds->get();
+      d.q.row_scales = dr->get();
+      d.q.scales_stride = static_cast<int64_t>(p0->scales.size());
+      d.q.row_stride = N;
+    } else {
+      dg = std::make_unique<DevBuf<float>>(grid);
+      d.q.grid = dg->get();
+      d.q.grid_stride = static_cast<int64_t>(p0->grid.size());
+    }
+    DevBuf<uint16_t> out(static_cast<size_t>(E * N * K));
+    ASSERT_EQ(dequantize_bf16_grouped(d.q, static_cast<int>(E), out.get(), nullptr), cudaSuccess);
+    const auto got = out.download();
+    for (int64_t e = 0; e < E; ++e) {
+      const auto want = dequant(hs[static_cast<size_t>(e)].m);
+      for (int64_t i = 0; i < N * K; ++i)
+        ASSERT_EQ(got[static_cast<size_t>(e * N * K + i)],
+                  core::f32_to_bf16(static_cast<float>(want[static_cast<size_t>(i)])))
+            << (nv ? "nvfp4" : "fp8") << " expert " << e << " element " << i;
+    }
+  }
 }
 
 TEST(CudaGemvQuant, GroupedRowsUseTheirExperts) {

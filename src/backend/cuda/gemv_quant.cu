@@ -388,29 +388,50 @@ __device__ __forceinline__ void enter_matrix(QuantWeight& w, __nv_bfloat16*& out
   out += e * w.N * w.K;
 }
 
+// One thread per 8 consecutive columns of one row: their codes sit in two lane words of the row's tile (the
+// row's half of each word's slots, quant_pack.hpp), all under one block scale; the 8 bf16 values go out as
+// one 16-byte store, so a warp writes 512 contiguous bytes of the row.
 __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
   enter_matrix(w, out);
-  const int64_t tiles_k = w.K / 64, words = (w.N + 15) / 16 * tiles_k * 128;
+  const int64_t chunks = w.K / 8, tiles_k = w.K / 64;
   const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < w.N * chunks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t tile = i / 128, t = tile / tiles_k, kt = tile % tiles_k;
-    const int lane = static_cast<int>((i % 128) / 4), jg = static_cast<int>(i % 4);
-    const int g = lane >> 2, q = lane & 3;
-    const uint32_t word = codes[i];
+    const int64_t n = i / chunks, k = (i % chunks) * 8;
+    // The tile and tile row of matrix row n (tile_row's inverse).
+    int64_t t;
+    int r;
+    if (w.interleave) {
+      const int64_t half_rows = w.N / 2, m = n < half_rows ? n : n - half_rows;
+      t = m / 8;
+      r = static_cast<int>(m % 8) + (n < half_rows ? 0 : 8);
+    } else {
+      t = n / 16;
+      r = static_cast<int>(n % 16);
+    }
+    const int g = r % 8, hi = r / 8;
+    const int64_t kt = k / 64;
+    const int kc = static_cast<int>(k % 64), j = kc / 16, q0 = (kc % 16) / 4;
+    const uint32_t* tile = codes + (t * tiles_k + kt) * 128;
+    const float sb = e4m3_to_float(w.scales[n * (w.K / 16) + k / 16]) * w.row_scales[n];
+    float v[8];
 #pragma unroll
-    for (int slot = 0; slot < 4; ++slot) {
-      const int64_t n = tile_row(w, t, (slot & 1) ? g + 8 : g);
-      if (n < 0) continue;
-      const int64_t k = kt * 64 + jg * 16 + 4 * q + (slot >= 2 ? 2 : 0);
-      const float sb = e4m3_to_float(w.scales[n * (w.K / 16) + k / 16]) * w.row_scales[n];
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t word = tile[(4 * g + q0 + h) * 4 + j];  // lane 4g + q, word j: columns 4q .. 4q + 3
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int e = 0; e < 4; ++e) {
+        const int slot = (e >= 2 ? 2 : 0) + hi, half = e & 1;
         const uint32_t code =
             ((word >> (16 * half + 3 * slot)) & 7) | (((word >> (16 * half + 12 + slot)) & 1) << 3);
-        out[n * w.K + k + half] = __float2bfloat16_rn(e2m1_value(code) * sb);
+        v[4 * h + e] = e2m1_value(code) * sb;
       }
     }
+    uint4 o;
+    __nv_bfloat162 b[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) b[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+    memcpy(&o, b, 16);
+    *reinterpret_cast<uint4*>(out + n * w.K + k) = o;
   }
 }
 
@@ -496,7 +517,8 @@ cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out,
                 static_cast<unsigned>(groups));
   };
   if (W.nvfp4) {
-    kernel_dequant_nvfp4<<<per((W.N + 15) / 16 * (W.K / 64) * 128), 256, 0, stream>>>(W, o);
+    if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidValue;
+    kernel_dequant_nvfp4<<<per(W.N * W.K / 8), 256, 0, stream>>>(W, o);
   } else {
     kernel_dequant_fp8<<<per(W.N * W.K / 4), 256, 0, stream>>>(W, o);
   }
