@@ -247,7 +247,7 @@ struct QuantBuffers {
   bool any = false;
   bool experts = false;     // quantized routed experts (decode stages T * K slots' activations)
   bool fp8_block = false;   // FP8 with 128 x 128 block scales (prefill quantizes activations for FP8 GEMMs)
-  size_t expert_elems = 0;  // every expert of one projection widened (steps past kGemvMaxRows rows)
+  size_t expert_elems = 0;  // every expert of one projection widened (steps past kDecodeMaxRows rows)
 };
 
 QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix, bool exact) {
@@ -404,8 +404,8 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   // buckets, the fp16 activations of one GEMV launch, their per-row factors.
   const QuantBuffers qb = quant_buffers(c, module_prefix(c, opt), opt.exact);
   size_t wdq = !opt.exact && R > kDecodeMaxRows ? qb.widest : 0;
-  if (qb.experts && R > kGemvMaxRows) wdq = std::max(wdq, qb.expert_elems);
-  const int64_t xq_rows = qb.experts ? kGemvMaxRows * std::max<int64_t>(K, 1) : kGemvMaxRows;
+  if (qb.experts && R > kDecodeMaxRows) wdq = std::max(wdq, qb.expert_elems);
+  const int64_t xq_rows = qb.experts ? kDecodeMaxRows * std::max<int64_t>(K, 1) : kGemvMaxRows;
   // FP8 block-scaled matrices: prefill's activations in E4M3 and their per-128-column scales (rows to 8).
   const bool x8 = qb.fp8_block && !opt.exact && R > kDecodeMaxRows;
   const int64_t x8_rows = x8 ? (R + 7) / 8 * 8 : 0, x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;

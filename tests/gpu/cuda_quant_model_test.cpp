@@ -43,8 +43,8 @@ std::vector<float> cpu_logits(cpu::CpuBackend& b, const std::vector<int32_t>& id
   return out;
 }
 
-// CUDA logits of the checkpoint in `dir` against the CPU's: prompts of 1, 3 and 64 tokens, then 4 decode
-// steps after a 3-token prompt.
+// CUDA logits of the checkpoint in `dir` against the CPU's: prompts of 1, 3, 64 and 300 tokens, then 4
+// decode steps after a 3-token prompt.
 void expect_logits_match_cpu(const std::string& dir, const std::string& name) {
   auto c = cpu::CpuBackend::load(dir);
   ASSERT_TRUE(c.is_ok()) << c.message();
@@ -54,9 +54,10 @@ void expect_logits_match_cpu(const std::string& dir, const std::string& name) {
   CudaBackend& cuda = **g;
   const bool moe = cpu.config().is_moe();
   std::mt19937 rng(5);
-  std::vector<int32_t> ids(64);
+  std::vector<int32_t> ids(300);
   for (auto& i : ids) i = static_cast<int32_t>(rng() % static_cast<uint32_t>(cpu.config().vocab_size));
-  for (size_t n : {size_t{1}, size_t{3}, size_t{64}}) {
+  // 300 tokens: past the decode buckets (widened weights on cuBLASLt, widened experts on the grouped GEMM).
+  for (size_t n : {size_t{1}, size_t{3}, size_t{64}, size_t{300}}) {
     const std::vector<int32_t> p(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
     const auto want = cpu_logits(cpu, p);
     auto s = cuda.new_sequence();
@@ -140,8 +141,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantModel, ::testing::ValuesIn(kFixtures
 
 // Quantized routed experts in their own layout (the fixtures' 32-wide experts are widened; the moe64 preset's
 // 64-wide ones pack): make-tiny moe64 quantized by our ModelOpt-exact quantizer to NVFP4 and to FP8 block,
-// CUDA against the CPU reference. Prompts of 1 and 3 tokens and the decode steps run the grouped GEMV; the
-// 64-token prompt widens every expert for the grouped GEMM. The plan shows the experts stayed quantized:
+// CUDA against the CPU reference. Prompts of up to 256 tokens and the decode steps run the grouped GEMV;
+// the 300-token prompt widens every expert for the grouped GEMM. The plan shows the experts stayed quantized:
 // fewer weight bytes than exact mode's (which widens them), and equal to inspect's estimate.
 TEST(CudaQuantMoe, ExpertsInTheirFormatMatchTheCpuReference) {
   ASSERT_TRUE(gpu_test::have_gpu());

@@ -890,17 +890,18 @@ core::Status CudaBackend::plan_memory() {
          {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down})
       widest(*m);
   ws_.wdq_elems = !opt_.exact && R > kDecodeMaxRows ? wdq : 0;
-  // Quantized routed experts: a prefill past the decode rows widens every expert of one projection at once
-  // for the grouped GEMM; a decode step stages its T * K slots' activations for the down projection.
+  // Quantized routed experts: a prefill chunk past the decode buckets widens every expert of one projection
+  // at once for the grouped GEMM; a step of up to kDecodeMaxRows tokens stages its T * K slots' activations
+  // for the down projection's grouped GEMV.
   bool quant_experts = false;
   for (const DLayer& L : layers_)
     if (L.is_moe && L.experts_gu.quantized) {
       quant_experts = true;
-      if (R > kGemvMaxRows)
+      if (R > kDecodeMaxRows)
         ws_.wdq_elems = std::max(ws_.wdq_elems, static_cast<size_t>(E * std::max(2 * Im * H, H * Im)));
     }
   any_quant |= quant_experts;
-  const int64_t xq_rows = quant_experts ? kQuantGemvMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
+  const int64_t xq_rows = quant_experts ? kDecodeMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
   // FP8 block-scaled matrices: prefill chunks past the decode buckets quantize their activations to E4M3
   // per 128 columns for cuBLASLt's FP8 GEMM (rows rounded up to 8).
   bool fp8_block = false;
@@ -1636,15 +1637,18 @@ core::Status CudaBackend::moe_shared_and_combine(const DLayer& L, int64_t n) {
 }
 
 core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
-  // Routed experts in a quantized layout (QuantWeight's grouped form). Decode: one grouped GEMV per
-  // projection over the T * K slots, each slot's expert read from the router's ids on the device (gate/up
-  // writes SwiGLU; down writes each slot's row). Longer steps: every expert of a projection widened to bf16
-  // in ws_.wdq (one launch), then the grouped GEMM as for bf16 experts. The shared expert is a dense MLP in
+  // Routed experts in a quantized layout (QuantWeight's grouped form). Steps of up to kDecodeMaxRows tokens:
+  // one grouped GEMV per projection over the T * K slots, each slot's expert read from the router's ids on
+  // the device (gate/up writes SwiGLU; down writes each slot's row); each slot reads one expert's codes,
+  // which costs less than widening all E experts (write and read 2 bytes an element) while T * K stays
+  // below about 5 E (FP8) to 8 E (NVFP4): every decode bucket of Qwen3.5-35B-A3B (E = 256, K = 8). Longer
+  // steps: every expert of a projection widened to bf16 in ws_.wdq (one launch), then the grouped GEMM as
+  // for bf16 experts. The shared expert is a dense MLP in
   // its own format; moe_combine sums the weighted slots and the gated shared expert.
   const auto& c = config_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Im = L.experts_down.cols, nk = n * K;
-  if (n <= kGemvMaxRows) {
+  if (n <= kDecodeMaxRows) {
     prof_.mark("moe gate_up", stream_);
     const int slots = static_cast<int>(nk);
     DF_CUDA_TRY(stage_activations_f16(ws_.xn, H, static_cast<int>(n), H, ws_.xq, ws_.xq_factor, stream_));
