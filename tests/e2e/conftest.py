@@ -18,6 +18,19 @@ def run(*args, check=True):
     return p
 
 
+HOUSE = os.path.join(os.path.dirname(FIXTURES), "..", "models", "house")
+HELDOUT = os.path.join(FIXTURES, "house_model", "heldout.txt")
+
+
+def eval_delta(model, text, window=256):
+    """`eval --reference` of `model` against the house model on `text`: the JSON, its delta checked."""
+    out = json.loads(run("eval", "--model", model, "--reference", HOUSE, "--text", text, "--window", window,
+                         "--device", "cpu", "--json").stdout)
+    assert out["tokens"] == out["reference"]["tokens"]
+    assert out["delta_nll_per_token"] == pytest.approx((out["nll"] - out["reference"]["nll"]) / out["tokens"])
+    return out
+
+
 def read_safetensors(path):
     """A minimal reader (the test needs no third-party package): {name: (dtype, shape, list of values)}."""
     with open(path, "rb") as f:

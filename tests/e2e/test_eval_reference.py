@@ -1,14 +1,8 @@
 """`deltaflow eval --reference`, through the binary, on the house model over a short slice of its held-out
 text: a model against itself differs by exactly 0; a missing or incompatible reference is a one-line error."""
-import json
-import os
-
 import pytest
 
-from conftest import FIXTURES, run
-
-HOUSE = os.path.join(os.path.dirname(FIXTURES), "..", "models", "house")
-HELDOUT = os.path.join(FIXTURES, "house_model", "heldout.txt")
+from conftest import HELDOUT, HOUSE, eval_delta, run
 
 
 @pytest.fixture(scope="module")
@@ -21,16 +15,8 @@ def texts(tmp_path_factory):
     return {"dir": d, "short": short}
 
 
-def delta(model, text, window=256):
-    out = json.loads(run("eval", "--model", model, "--reference", HOUSE, "--text", text, "--window", window,
-                         "--device", "cpu", "--json").stdout)
-    assert out["tokens"] == out["reference"]["tokens"]
-    assert out["delta_nll_per_token"] == pytest.approx((out["nll"] - out["reference"]["nll"]) / out["tokens"])
-    return out
-
-
 def test_a_model_against_itself_differs_by_exactly_zero(texts):
-    out = delta(HOUSE, texts["short"])
+    out = eval_delta(HOUSE, texts["short"])
     assert out["tokens"] > 700
     assert out["delta_nll_per_token"] == 0.0
     assert out["nll"] == out["reference"]["nll"] > 0

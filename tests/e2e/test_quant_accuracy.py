@@ -6,10 +6,8 @@ import os
 
 import pytest
 
-from conftest import FIXTURES, run
+from conftest import FIXTURES, HELDOUT, HOUSE, eval_delta, run
 
-HOUSE = os.path.join(os.path.dirname(FIXTURES), "..", "models", "house")
-HELDOUT = os.path.join(FIXTURES, "house_model", "heldout.txt")
 CALIBRATION = os.path.join(FIXTURES, "house_model", "calibration.txt")
 
 
@@ -26,14 +24,6 @@ def texts(tmp_path_factory):
     return {"dir": d, "short": short, "calib": calib}
 
 
-def delta(model, text, window=256):
-    out = json.loads(run("eval", "--model", model, "--reference", HOUSE, "--text", text, "--window", window,
-                         "--device", "cpu", "--json").stdout)
-    assert out["tokens"] == out["reference"]["tokens"]
-    assert out["delta_nll_per_token"] == pytest.approx((out["nll"] - out["reference"]["nll"]) / out["tokens"])
-    return out
-
-
 def test_searched_and_gptq_nvfp4_lose_no_more_than_exact(texts):
     d = texts["dir"]
     deltas, tensors = {}, {}
@@ -41,7 +31,7 @@ def test_searched_and_gptq_nvfp4_lose_no_more_than_exact(texts):
         out = d / ("nvfp4-" + method)
         extra = ["--calibration", texts["calib"]] if method == "gptq" else []
         run("quantize", "--model", HOUSE, "--out", out, "--format", "nvfp4", "--method", method, *extra)
-        deltas[method] = delta(out, texts["short"])["delta_nll_per_token"]
+        deltas[method] = eval_delta(out, texts["short"])["delta_nll_per_token"]
         tensors[method] = read_layout(out / "model.safetensors")
     # The same published layout: every tensor's name, dtype and shape.
     assert tensors["mse"] == tensors["exact"] == tensors["gptq"]

@@ -172,26 +172,41 @@ TEST(CudaQuantMoe, ExpertsInTheirFormatMatchTheCpuReference) {
   std::filesystem::remove_all(base);
 }
 
+// Qwen3.5-0.8B's shapes (bench/configs), for synthetic weights.
+model::TextConfig qwen35_08b() {
+  const std::string path = std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.5-0.8b.json";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto cfg = model::parse_text_config(text.str(), path);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.message();
+  return cfg.is_ok() ? *cfg : model::TextConfig{};
+}
+
 TEST(CudaQuantSynthetic, EveryFormatLoadsAndDecodesFiniteLogits) {
   ASSERT_TRUE(gpu_test::have_gpu());
+  const auto cfg = qwen35_08b();
   for (const char* q : {"nvfp4", "fp8-block", "nvfp4-mixed"}) {
-    const std::string path = std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.5-0.8b.json";
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto cfg = model::parse_text_config(text.str(), path);
-    ASSERT_TRUE(cfg.is_ok()) << cfg.message();
     CudaOptions opt;
     opt.synthetic_quant = q;
     opt.max_context = 1024;
-    auto b = CudaBackend::synthetic(*cfg, opt, 1);
+    auto b = CudaBackend::synthetic(cfg, opt, 1);
     ASSERT_TRUE(b.is_ok()) << q << ": " << b.message();
     auto s = (*b)->new_sequence();
     std::vector<int32_t> ids(300, 7);  // past the decode buckets: the widened-weight GEMM path too
     PrefillItem item{s.get(), ids, true};
     std::vector<float> logits;
     ASSERT_TRUE((*b)->prefill(std::span<const PrefillItem>(&item, 1), logits).is_ok()) << q;
-    for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << q;
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << q << " prefill";
+    for (int step = 0; step < 3; ++step) {
+      SequenceState* st = s.get();
+      const int32_t next = 11 + step;
+      ASSERT_TRUE(
+          (*b)->decode(std::span<SequenceState* const>(&st, 1), std::span<const int32_t>(&next, 1), logits)
+              .is_ok())
+          << q;
+      for (float v : logits) ASSERT_TRUE(std::isfinite(v)) << q << " decode step " << step;
+    }
   }
 }
 
@@ -200,19 +215,14 @@ TEST(CudaQuantSynthetic, EveryFormatLoadsAndDecodesFiniteLogits) {
 // tolerance, 5e-2 of the largest |logit|, is E4M3's rounding of the activations through 24 layers.
 TEST(CudaQuantSynthetic, Fp8GemmPrefillIsCloseToTheBf16Copy) {
   ASSERT_TRUE(gpu_test::have_gpu());
-  const std::string path = std::string(DF_SOURCE_DIR) + "/bench/configs/qwen3.5-0.8b.json";
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto cfg = model::parse_text_config(text.str(), path);
-  ASSERT_TRUE(cfg.is_ok()) << cfg.message();
+  const auto cfg = qwen35_08b();
   std::vector<float> out[2];
   for (int fp8 = 0; fp8 < 2; ++fp8) {
     CudaOptions opt;
     opt.synthetic_quant = "fp8-block";
     opt.max_context = 1024;
     opt.fp8_gemm = fp8 == 1;
-    auto b = CudaBackend::synthetic(*cfg, opt, 1);
+    auto b = CudaBackend::synthetic(cfg, opt, 1);
     ASSERT_TRUE(b.is_ok()) << b.message();
     auto s = (*b)->new_sequence();
     std::vector<int32_t> ids(300);
