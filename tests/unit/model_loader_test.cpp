@@ -216,7 +216,8 @@ TEST(MakeTiny, SameSeedSameBytesOtherSeedOtherBytes) {
 TEST(MakeTiny, UnknownPresetListsThePresets) {
   auto s = model::write_tiny_checkpoint("huge", 1, "/tmp/unused");
   ASSERT_FALSE(s.is_ok());
-  EXPECT_EQ(s.message(), "unknown preset 'huge' (presets: dense, moe, tied, multimodal, next, vl, long, moe64)");
+  EXPECT_EQ(s.message(),
+            "unknown preset 'huge' (presets: dense, moe, tied, multimodal, next, vl, long, moe64)");
 }
 
 }  // namespace
