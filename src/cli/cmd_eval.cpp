@@ -92,7 +92,7 @@ int cmd_eval(const Argv& argv) {
   const std::string cmd = "eval";
   ArgSpec spec{
       {"--model", "--ids", "--text", "--window", "--device", "--tensor-parallel-size", "--reference"},
-      {"--json"},
+      {"--json", "--emulate-activation-quant"},
       0};
   add_engine_flags(spec);
   auto args = Args::parse(argv, spec);

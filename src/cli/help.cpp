@@ -152,7 +152,7 @@ const std::map<std::string, Help>& table() {
              join(sampling_flags(), engine_flags()))}},
       {"eval",
        {"deltaflow eval [--model DIR] (--ids 1,2,3,... | --text FILE [--window N]) [--reference DIR] "
-        "[--json]",
+        "[--emulate-activation-quant] [--json]",
         "Teacher-forced scoring: total NLL (nats), perplexity and per-token log-probabilities; with "
         "--reference, the NLL difference per scored token against a second model (a quantized checkpoint "
         "against its float original).",
@@ -165,6 +165,10 @@ const std::map<std::string, Help>& table() {
               {"--reference DIR",
                "also score the same windows with the model in DIR (same vocabulary and tokenizer; loaded "
                "after the first is freed): delta_nll_per_token = (nll - reference nll) / tokens"},
+              {"--emulate-activation-quant",
+               "--device cpu: quantize the inputs of FP8 matrices with a static input_scale (W8A8) to "
+               "E4M3 as the checkpoint asks, e4m3(x / input_scale) * input_scale, clamped to +-448 "
+               "(default: weight-only, activations fp32)"},
               kJson},
              engine_flags())}},
       {"generate",

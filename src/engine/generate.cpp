@@ -18,6 +18,8 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
   if (tensor_parallel > 1 && device == Device::kCpu)
     return core::Error{"tensor parallelism needs --device cuda: the CPU backend runs on one device"};
 #ifdef DELTAFLOW_HAVE_CUDA
+  if (limits.emulate_activation_quant && (tensor_parallel > 1 || device != Device::kCpu))
+    return core::Error{"--emulate-activation-quant: CPU only (give --device cpu)"};
   const bool on_gpu = tensor_parallel > 1 || device == Device::kCuda ||
                       (device == Device::kAuto && !backend::cuda::list_devices().empty());
   if (on_gpu && tensor_parallel > 1 && limits.kv_cache_dtype == backend::KvCacheDtype::kFp8)
@@ -51,6 +53,7 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
 #endif
   backend::cpu::CpuOptions cpu_opt;
   cpu_opt.kv_cache_dtype = limits.kv_cache_dtype;
+  cpu_opt.emulate_activation_quant = limits.emulate_activation_quant;
   DF_ASSIGN(auto cpu, backend::cpu::CpuBackend::load(dir, cpu_opt));
   return std::unique_ptr<backend::Backend>(std::move(cpu));
 }

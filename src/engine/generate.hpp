@@ -22,6 +22,9 @@ struct LoadLimits {
   int64_t max_context = 0;      // 0: the backend's default
   int64_t max_step_tokens = 0;  // tokens one engine step carries (a CUDA pass holds at least this many rows)
   backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
+  // CPU only: static FP8 activation quantization where the checkpoint stores input scales
+  // (backend::cpu::CpuOptions::emulate_activation_quant).
+  bool emulate_activation_quant = false;
 };
 
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).

@@ -15,6 +15,7 @@
 #include "../golden_file.hpp"
 #include "backend/cpu/cpu_backend.hpp"
 #include "io/safetensors.hpp"
+#include "model/quant/quantize.hpp"
 #include "model/weight_summary.hpp"
 
 namespace deltaflow {
@@ -94,6 +95,51 @@ INSTANTIATE_TEST_SUITE_P(Producers, QuantGoldens,
                                            Case{"ct_nvfp4a16_dense", 26, 0}, Case{"ct_fp8block_moe", 0, 152},
                                            Case{"ct_fp8dynamic_dense", 0, 26}, Case{"qwen_fp8_dense", 0, 26}),
                          [](const auto& info) { return info.param.name; });
+
+// --emulate-activation-quant (CpuOptions::emulate_activation_quant): the FP8 attention projections of ModelOpt's
+// MIXED_PRECISION export see their inputs fake-quantized at the stored input_scale; held to transformers with
+// ModelOpt's own fp8_eager on those inputs (make_quant_goldens.py --a8). Without the option the same checkpoint
+// gives the weight-only goldens above, which differ from these by far more than the tolerance.
+TEST(QuantGoldens, EmulatedFp8ActivationsMatchModelOptsFakeQuant) {
+  backend::cpu::CpuOptions opt;
+  opt.emulate_activation_quant = true;
+  auto b = CpuBackend::load(fixture("modelopt_mixed_dense"), opt);
+  ASSERT_TRUE(b.is_ok()) << b.message();
+  auto& be = **b;
+  int static_fp8 = 0;
+  model::for_each_weight(be.config(), be.weights(), [&](const std::string&, const model::Mat& m) {
+    static_fp8 += m.format == model::quant::WeightFormat::kFp8 && m.input_scale > 0;
+  });
+  EXPECT_EQ(static_fp8, 14);
+  auto g = io::SafetensorsFile::open(fixture("modelopt_mixed_dense_a8.safetensors"));
+  ASSERT_TRUE(g.is_ok()) << g.message();
+  auto w = io::SafetensorsFile::open(fixture("modelopt_mixed_dense.safetensors"));
+  ASSERT_TRUE(w.is_ok()) << w.message();
+  for (int n : {1, 9, 40}) {
+    const auto ids = i32(**g, "ids_" + std::to_string(n));
+    auto s = be.new_sequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(be.forward(static_cast<CpuSequenceState&>(*s), ids, false, true, logits).is_ok());
+    const auto want = f32(**g, "logits_" + std::to_string(n));
+    EXPECT_LE(rel_err(logits, want), kTol) << "length " << n;
+    EXPECT_GT(rel_err(f32(**w, "logits_" + std::to_string(n)), want), 100 * kTol) << "length " << n;
+  }
+}
+
+TEST(QuantFakeQuant, Fp8StaticActivationsRoundClampAndKeepSubnormals) {
+  const float s = 0.5f;
+  // x / s: 2 (exact), 1.06 -> 1 (E4M3 steps 1/8 at 1), 1.07 -> 1.125, 600 -> 448 (clamp), -2000 -> -448,
+  // 0.6 * 2^-9 -> 2^-9 (the smallest subnormal), 0.4 * 2^-9 -> 0, 17 -> 16 (ties to even: 16, 18).
+  const std::vector<float> x = {1.0f, 0.53f, 0.535f, 300.0f, -1000.0f, 0.3f * 0x1p-9f, 0.2f * 0x1p-9f, 8.5f};
+  const std::vector<float> want = {1.0f, 0.5f, 0.5625f, 224.0f, -224.0f, 0x1p-10f, 0.0f, 8.0f};
+  std::vector<float> out(x.size());
+  model::quant::fake_quant_fp8_static(x.data(), x.size(), s, out.data());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(out[i], want[i]) << i;
+  // No input scale: unchanged (in place too).
+  std::vector<float> y = x;
+  model::quant::fake_quant_fp8_static(y.data(), y.size(), 0.0f, y.data());
+  EXPECT_EQ(y, x);
+}
 
 }  // namespace
 }  // namespace deltaflow

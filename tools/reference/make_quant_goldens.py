@@ -27,6 +27,11 @@ and gives the goldens:
 
 Usage: python3 make_quant_goldens.py --models TINY_DIR --out tests/fixtures/quant
   where TINY_DIR/dense and TINY_DIR/moe are `deltaflow make-tiny` outputs (seed 1).
+
+  python3 make_quant_goldens.py --models - --out tests/fixtures/quant --cases modelopt_mixed_dense --a8
+  writes modelopt_mixed_dense_a8.safetensors from the checkpoint already there: the same ids, logits with the
+  FP8 attention projections' inputs fake-quantized by ModelOpt's fp8_eager at their input_scale (the golden of
+  `--emulate-activation-quant`).
 """
 import argparse
 import copy
@@ -259,7 +264,28 @@ def dequantize_checkpoint(qdir):
     return out, config, stats
 
 
-def goldens_from_fp32(state, config, salt, qdir, fp8_via_transformers):
+def fp8_input_hooks(model, qdir):
+    """Forward pre-hooks that fake-quantize the input of every FP8 module with a stored input_scale as ModelOpt's
+    fake-quant model does (tensor_quant.fp8_eager, amax = input_scale * 448): the static W8A8 activations."""
+    from modelopt.torch.quantization.tensor_quant import fp8_eager
+    scales = {}
+    with safe_open(os.path.join(qdir, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        for k in keys:
+            m = k[: -len(".input_scale")]
+            if k.endswith(".input_scale") and f.get_slice(m + ".weight").get_dtype() == "F8_E4M3":
+                scales[m] = f.get_tensor(k).float()
+    modules = dict(model.named_modules())
+    handles = []
+    for m, s in scales.items():
+        name = m if m in modules else m.replace("model.language_model.", "model.")
+        amax = s * 448.0
+        handles.append(modules[name].register_forward_pre_hook(
+            lambda mod, args, amax=amax: (fp8_eager(args[0], amax),) + tuple(args[1:])))
+    return handles
+
+
+def goldens_from_fp32(state, config, salt, qdir, fp8_via_transformers, a8=False):
     import transformers
     tmp = tempfile.mkdtemp()
     cfg = dict(config)
@@ -277,6 +303,8 @@ def goldens_from_fp32(state, config, salt, qdir, fp8_via_transformers):
     if unexpected:
         raise SystemExit(f"{qdir}: unexpected keys {unexpected[:5]}")
     model.eval()
+    if a8:
+        fp8_input_hooks(model, qdir)
     ref = None
     if fp8_via_transformers:
         # transformers' own reader of Qwen's FP8 layout, dequantizing on the CPU: must give the same weights.
@@ -317,7 +345,23 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--keep", action="store_true", help="keep cases already in --out")
+    ap.add_argument("--a8", action="store_true",
+                    help="only <case>_a8.safetensors of the exported cases in --out (modelopt_mixed_dense): the "
+                         "same ids, the inputs of FP8 modules with an input_scale fake-quantized as ModelOpt's "
+                         "fake-quant model does (deltaflow eval --emulate-activation-quant)")
     a = ap.parse_args()
+    if a.a8:
+        import transformers
+        for case in a.cases.split(","):
+            qdir = os.path.join(a.out, case)
+            state, config, stats = dequantize_checkpoint(qdir)
+            tensors = goldens_from_fp32(state, config, sum(map(ord, case)), qdir, False, a8=True)
+            meta = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__,
+                    "dtype": "float32", "activations": "fp8 static (input_scale), modelopt fp8_eager",
+                    "modelopt": __import__("modelopt").__version__}
+            save_file(tensors, os.path.join(a.out, f"{case}_a8.safetensors"), metadata=meta)
+            print(f"{case}_a8: {stats}", flush=True)
+        return 0
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
     for case in a.cases.split(","):

@@ -12,6 +12,7 @@
 #include "backend/kv_quant.hpp"
 #include "core/threads.hpp"
 #include "model/mrope.hpp"
+#include "model/quant/quantize.hpp"
 #include "model/rope.hpp"
 
 namespace deltaflow::backend::cpu {
@@ -130,10 +131,10 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
       aa(static_cast<size_t>(T * nv));
   note_input(W.in_proj_qkv, x, T * c.hidden_size);
   note_input(W.in_proj_z, x, T * c.hidden_size);
-  linear(x, T, W.in_proj_qkv, qkv.data());
-  linear(x, T, W.in_proj_z, z.data());
-  linear(x, T, W.in_proj_b, bb.data());
-  linear(x, T, W.in_proj_a, aa.data());
+  qlinear(x, T, W.in_proj_qkv, qkv.data());
+  qlinear(x, T, W.in_proj_z, z.data());
+  qlinear(x, T, W.in_proj_b, bb.data());
+  qlinear(x, T, W.in_proj_a, aa.data());
 
   // The conv, per channel, each run's rows in order from its state. A run is cut where a snapshot of the
   // state is asked for; neither the conv nor the token-by-token rule depends on where a segment ends, so a
@@ -241,7 +242,7 @@ void CpuBackend::gated_deltanet(size_t layer, int64_t li, const float* x, std::s
   rmsnorm(o.data(), T * nv, dv, k.gdn_norm.data(), c.rms_norm_eps, o.data());
   elementwise(T * vd, [&](int64_t i) { o[i] *= silu(z[i]); });
   note_input(W.out_proj, o.data(), T * vd);
-  linear(o.data(), T, W.out_proj, out);
+  qlinear(o.data(), T, W.out_proj, out);
 }
 
 void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts& k, int64_t ai,
@@ -254,9 +255,9 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
   std::vector<float> qg(static_cast<size_t>(T * nh * qw)), kx(static_cast<size_t>(T * kvw)),
       vx(static_cast<size_t>(T * kvw));
   for (const auto* m : {&W.q_proj, &W.k_proj, &W.v_proj}) note_input(*m, x, T * c.hidden_size);
-  linear(x, T, W.q_proj, qg.data());
-  linear(x, T, W.k_proj, kx.data());
-  linear(x, T, W.v_proj, vx.data());
+  qlinear(x, T, W.q_proj, qg.data());
+  qlinear(x, T, W.k_proj, kx.data());
+  qlinear(x, T, W.v_proj, vx.data());
 
   // q_proj's rows are per head [q | gate] (an interleave, not two halves of the whole projection).
   std::vector<float> q(static_cast<size_t>(T * nh * hd)), gate(static_cast<size_t>(T * nh * hd), 0.f);
@@ -343,7 +344,7 @@ void CpuBackend::full_attention(const model::LayerWeights& L, const LayerConsts&
   if (c.attn_output_gate)
     elementwise(T * nh * hd, [&](int64_t i) { o[i] *= sigmoid(gate[i]); });  // elementwise output gate
   note_input(W.o_proj, o.data(), T * nh * hd);
-  linear(o.data(), T, W.o_proj, out);
+  qlinear(o.data(), T, W.o_proj, out);
 }
 
 void CpuBackend::swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,
@@ -354,11 +355,11 @@ void CpuBackend::swiglu(const model::MlpWeights& m, const float* x, int64_t T, f
   if (module) gate = *module + "gate_proj", up = *module + "up_proj", down = *module + "down_proj";
   note_input(m.gate_proj, x, T * m.gate_proj.cols, /*with_amax=*/false, module ? &gate : nullptr);
   note_input(m.up_proj, x, T * m.up_proj.cols, /*with_amax=*/false, module ? &up : nullptr);
-  linear(x, T, m.gate_proj, g.data());
-  linear(x, T, m.up_proj, u.data());
+  qlinear(x, T, m.gate_proj, g.data());
+  qlinear(x, T, m.up_proj, u.data());
   elementwise(T * I, [&](int64_t i) { g[i] = silu(g[i]) * u[i]; });
   note_input(m.down_proj, g.data(), T * I, /*with_amax=*/false, module ? &down : nullptr);
-  linear(g.data(), T, m.down_proj, out);
+  qlinear(g.data(), T, m.down_proj, out);
 }
 
 void CpuBackend::ffn(const model::LayerWeights& L, const LayerConsts& k, const float* x, int64_t T,
@@ -373,7 +374,7 @@ void CpuBackend::ffn(const model::LayerWeights& L, const LayerConsts& k, const f
   // norm_topk_prob). Ties go to the lower expert index, as torch.topk on CPU.
   const int64_t E = c.num_experts, K = c.num_experts_per_tok;
   std::vector<float> probs(static_cast<size_t>(T * E));
-  linear(x, T, L.moe.router, probs.data());
+  qlinear(x, T, L.moe.router, probs.data());
   std::vector<std::vector<std::pair<int64_t, float>>> routed(
       static_cast<size_t>(E));  // expert -> (token, weight)
   for (int64_t t = 0; t < T; ++t) {
@@ -464,8 +465,18 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
   }
   const size_t off = logits.size();
   logits.resize(off + static_cast<size_t>(rows * V));
-  linear(xn.data(), rows, weights_.lm_head, logits.data() + off);
+  qlinear(xn.data(), rows, weights_.lm_head, logits.data() + off);
   return core::Status();
+}
+
+void CpuBackend::qlinear(const float* x, int64_t T, const model::Mat& W, float* y) const {
+  if (!opt_.emulate_activation_quant || W.format != model::quant::WeightFormat::kFp8 || !(W.input_scale > 0)) {
+    linear(x, T, W, y);
+    return;
+  }
+  std::vector<float> xq(static_cast<size_t>(T * W.cols));
+  model::quant::fake_quant_fp8_static(x, xq.size(), W.input_scale, xq.data());
+  linear(xq.data(), T, W, y);
 }
 
 void CpuBackend::note_input(const model::Mat& W, const float* x, int64_t n, bool with_amax,

@@ -87,6 +87,12 @@ struct CpuOptions {
   // The KV cache's rounding (backend.hpp). The CPU keeps fp32 storage and stores the values as they read
   // back (for kFp8: code * scale), the same numbers as storing the codes and scales.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  // Off (the reference of record): weight-only, activations fp32 whatever the checkpoint asks. On: a
+  // matrix in FP8 with a static `input_scale` (W8A8, nvfp4-mixed's attention projections) sees its input
+  // fake-quantized first, e4m3(clamp(x / input_scale, +-448)) * input_scale (quant::fake_quant_fp8_static),
+  // as ModelOpt's fake-quant model runs it (`deltaflow eval --emulate-activation-quant`). NVFP4 input scales
+  // (W4A4) are not emulated.
+  bool emulate_activation_quant = false;
 };
 
 class CpuBackend final : public Backend, public SequenceBackend {
@@ -196,6 +202,8 @@ class CpuBackend final : public Backend, public SequenceBackend {
   // `module`: the name to note it under when the weight has none of its own (a fused expert's slice).
   void note_input(const model::Mat& W, const float* x, int64_t n, bool with_amax = true,
                   const std::string* module = nullptr);
+  // cpu::linear, with the static FP8 activation quantization of CpuOptions::emulate_activation_quant.
+  void qlinear(const float* x, int64_t T, const model::Mat& W, float* y) const;
   // down(silu(gate(x)) * up(x)) for T rows. `module`: the MLP's name prefix ("...mlp.experts.3."), for
   // note_input, when its matrices have no names.
   void swiglu(const model::MlpWeights& m, const float* x, int64_t T, float* out,

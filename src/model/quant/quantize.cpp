@@ -26,6 +26,20 @@ uint8_t f32_to_e4m3(float x) {
   return static_cast<uint8_t>(sign | ((exp + 7) << 3) | mant);
 }
 
+void fake_quant_fp8_static(const float* x, size_t n, float input_scale, float* out) {
+  if (!(input_scale > 0)) {
+    if (out != x) std::copy_n(x, n, out);
+    return;
+  }
+  // ModelOpt's order of fp32 operations: amax = input_scale * 448, scale = 448 / amax, x * scale, then the
+  // code times 1 / scale.
+  const float scale = 448.0f / (input_scale * 448.0f), inv = 1.0f / scale;
+  for (size_t i = 0; i < n; ++i) {
+    const float q = std::clamp(x[i] * scale, -448.0f, 448.0f);
+    out[i] = core::f8e4m3_to_f32(f32_to_e4m3(q)) * inv;
+  }
+}
+
 uint8_t e2m1_code(float x) {
   // torch.searchsorted (left) counts the bounds below |x|; the odd bounds .75, 1.75, 3.5 count when equal
   // too.
