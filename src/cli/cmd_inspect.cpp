@@ -226,6 +226,11 @@ int cmd_inspect(const Argv& argv) {
   } else {
     std::printf("mtp head:       none\n");
   }
+  if (!w->tied_lm_head_tensors.empty())
+    std::printf(
+        "lm_head:        tied to the embedding (config.json); the checkpoint's %zu lm_head.* tensors "
+        "(a quantized copy) are not used\n",
+        w->tied_lm_head_tensors.size());
   for (const auto& [name, f] : formats)
     std::printf("  format %-8s %zu tensors, %llu bytes\n", name.c_str(), f.first,
                 static_cast<unsigned long long>(f.second));

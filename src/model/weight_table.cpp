@@ -464,7 +464,13 @@ core::Expected<ModelWeights> bind_weights(const TextConfig& c, const io::Checkpo
   const std::string lm_name = lm_module + ".weight";
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
-    if (b.has(lm_name)) b.mark_used(lm_name);  // a saved copy of the tied matrix; transformers re-ties it
+    // A saved copy of the tied matrix (transformers re-ties it), or a quantized copy with its scales
+    // (ModelOpt quantizes the tied lm_head and writes it beside the embedding): recognised, not used.
+    for (const auto& t : ck.tensors())
+      if (t.name.rfind(lm_module + ".", 0) == 0 && !b.is_used(t.name)) {
+        b.mark_used(t.name);
+        if (t.name != lm_name || t.dtype != w.embed_tokens.dtype) w.tied_lm_head_tensors.push_back(t.name);
+      }
   } else {
     DF_ASSIGN(w.lm_head, b.linear(lm_module, V, H, "lm_head (tie_word_embeddings is false)"));
   }

@@ -124,6 +124,9 @@ struct ModelWeights {
   std::vector<std::string> mtp_tensors;       // mtp.* tensors recognised but not bound (a partial head)
   std::vector<std::string> visual_tensors;    // recognised, kept for the vision encoder
   std::vector<std::string> kv_scale_tensors;  // FP8 KV-cache scales, recognised (the cache is not FP8 yet)
+  // lm_head.* beside a config that ties lm_head to the embedding, not used: ModelOpt exports a quantized
+  // copy of a tied matrix this way; the embedding serves as lm_head, as transformers and vLLM tie it.
+  std::vector<std::string> tied_lm_head_tensors;
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;  // repacked tensors
   uint64_t bytes = 0;                                        // bytes of the tensors bound for the text model
   int64_t parameter_count = 0;  // elements bound for the text model (tied lm_head counted once)

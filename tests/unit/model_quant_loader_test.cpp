@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +92,32 @@ TEST_F(QuantLoader, ModelOptMixedBindsEachModuleInItsFormat) {
   EXPECT_EQ(*w->lm_head.name, "lm_head.weight");
   // What a decoded token reads is less than the bf16 model would.
   EXPECT_LT(model::bytes_per_decoded_token(config_, *w), static_cast<uint64_t>(2 * w->parameter_count));
+}
+
+// ModelOpt quantizes a tied lm_head and exports it as lm_head.weight (NVFP4) + scales beside the bf16
+// embedding, the config still tied: the checkpoint loads, the embedding is lm_head (transformers' and vLLM's
+// reading of a tied config), and the copy is listed as not used.
+TEST_F(QuantLoader, QuantizedCopyOfATiedLmHeadIsNotUsed) {
+  use("modelopt_mixed_dense");
+  edit_json("config.json", [](nlohmann::json& j) {
+    j["tie_word_embeddings"] = true;
+    if (j.contains("text_config")) j["text_config"]["tie_word_embeddings"] = true;
+  });
+  auto w = bind();
+  ASSERT_TRUE(w.is_ok()) << w.message();
+  EXPECT_EQ(w->lm_head.format, model::quant::WeightFormat::kFloat);
+  EXPECT_EQ(w->lm_head.data, w->embed_tokens.data);
+  std::vector<std::string> names = w->tied_lm_head_tensors;
+  std::sort(names.begin(), names.end());
+  ASSERT_GE(names.size(), 3u);
+  EXPECT_EQ(names[0], "lm_head.weight");
+  EXPECT_TRUE(std::find(names.begin(), names.end(), "lm_head.weight_scale") != names.end());
+  EXPECT_TRUE(std::find(names.begin(), names.end(), "lm_head.weight_scale_2") != names.end());
+  // Another unknown tensor is still an error.
+  rewrite([](auto& ts) {
+    ts.push_back({"lm_head_extra.weight", core::DType::kF32, {1}, std::vector<uint8_t>(4)});
+  });
+  EXPECT_TRUE(has(bind_error(), "unexpected tensor 'lm_head_extra.weight'"));
 }
 
 TEST_F(QuantLoader, CompressedTensorsDividesByTheGlobalScale) {
