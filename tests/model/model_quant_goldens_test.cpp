@@ -96,10 +96,11 @@ INSTANTIATE_TEST_SUITE_P(Producers, QuantGoldens,
                                            Case{"ct_fp8dynamic_dense", 0, 26}, Case{"qwen_fp8_dense", 0, 26}),
                          [](const auto& info) { return info.param.name; });
 
-// --emulate-activation-quant (CpuOptions::emulate_activation_quant): the FP8 attention projections of ModelOpt's
-// MIXED_PRECISION export see their inputs fake-quantized at the stored input_scale; held to transformers with
-// ModelOpt's own fp8_eager on those inputs (make_quant_goldens.py --a8). Without the option the same checkpoint
-// gives the weight-only goldens above, which differ from these by far more than the tolerance.
+// --emulate-activation-quant (CpuOptions::emulate_activation_quant): the FP8 attention projections of
+// ModelOpt's MIXED_PRECISION export see their inputs fake-quantized at the stored input_scale; held to
+// transformers with ModelOpt's own fp8_eager on those inputs (make_quant_goldens.py --a8). Without the option
+// the same checkpoint gives the weight-only goldens above, which differ from these by far more than the
+// tolerance.
 TEST(QuantGoldens, EmulatedFp8ActivationsMatchModelOptsFakeQuant) {
   backend::cpu::CpuOptions opt;
   opt.emulate_activation_quant = true;

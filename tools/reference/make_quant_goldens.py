@@ -88,23 +88,26 @@ def calibrate(model):
 # Producers
 
 
+def mixed_cfg():
+    """nvidia's Qwen3.6 NVFP4 recipe: attention projections FP8 W8A8, MLP W4A16, lm_head W4A16."""
+    import modelopt.torch.quantization as mtq
+    cfg = copy.deepcopy(mtq.W4A16_NVFP4_CFG)
+    fp8 = {"num_bits": [4, 3], "axis": None}
+    nvfp4_w = {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}
+    qc = cfg["quant_cfg"]
+    for pat in ("*self_attn.*_proj*", "*linear_attn.in_proj_qkv*", "*linear_attn.in_proj_z*",
+                "*linear_attn.out_proj*"):
+        qc.append({"quantizer_name": pat.rstrip("*") + "*weight_quantizer", "cfg": fp8})
+        qc.append({"quantizer_name": pat.rstrip("*") + "*input_quantizer", "cfg": fp8})
+    qc.append({"quantizer_name": "*lm_head*weight_quantizer", "cfg": nvfp4_w, "enable": True})
+    return cfg
+
+
 def modelopt_export(src, out, cfg_name):
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     model = load_bf16(src)
-    if cfg_name == "MIXED":
-        cfg = copy.deepcopy(mtq.W4A16_NVFP4_CFG)
-        fp8 = {"num_bits": [4, 3], "axis": None}
-        nvfp4_w = {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}
-        qc = cfg["quant_cfg"]
-        # nvidia's Qwen3.6 NVFP4 recipe: attention projections FP8 W8A8, MLP W4A16, lm_head W4A16.
-        for pat in ("*self_attn.*_proj*", "*linear_attn.in_proj_qkv*", "*linear_attn.in_proj_z*",
-                    "*linear_attn.out_proj*"):
-            qc.append({"quantizer_name": pat.rstrip("*") + "*weight_quantizer", "cfg": fp8})
-            qc.append({"quantizer_name": pat.rstrip("*") + "*input_quantizer", "cfg": fp8})
-        qc.append({"quantizer_name": "*lm_head*weight_quantizer", "cfg": nvfp4_w, "enable": True})
-    else:
-        cfg = getattr(mtq, cfg_name)
+    cfg = mixed_cfg() if cfg_name == "MIXED" else getattr(mtq, cfg_name)
     mtq.quantize(model, cfg, calibrate)
     export_hf_checkpoint(model, export_dir=out)
 

@@ -38,19 +38,7 @@ import shutil
 
 import torch
 
-
-def mixed_cfg():
-    import modelopt.torch.quantization as mtq
-    cfg = copy.deepcopy(mtq.W4A16_NVFP4_CFG)
-    fp8 = {"num_bits": [4, 3], "axis": None}
-    nvfp4_w = {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}
-    qc = cfg["quant_cfg"]
-    for pat in ("*self_attn.*_proj*", "*linear_attn.in_proj_qkv*", "*linear_attn.in_proj_z*",
-                "*linear_attn.out_proj*"):
-        qc.append({"quantizer_name": pat.rstrip("*") + "*weight_quantizer", "cfg": fp8})
-        qc.append({"quantizer_name": pat.rstrip("*") + "*input_quantizer", "cfg": fp8})
-    qc.append({"quantizer_name": "*lm_head*weight_quantizer", "cfg": nvfp4_w, "enable": True})
-    return cfg
+from make_quant_goldens import mixed_cfg  # the same MIXED recipe as the goldens (this folder)
 
 
 def score(model, ids, window, dtype, device):

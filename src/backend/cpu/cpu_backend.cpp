@@ -470,7 +470,8 @@ core::Status CpuBackend::forward_rows(std::span<const int32_t> tokens, std::span
 }
 
 void CpuBackend::qlinear(const float* x, int64_t T, const model::Mat& W, float* y) const {
-  if (!opt_.emulate_activation_quant || W.format != model::quant::WeightFormat::kFp8 || !(W.input_scale > 0)) {
+  if (!opt_.emulate_activation_quant || W.format != model::quant::WeightFormat::kFp8 ||
+      !(W.input_scale > 0)) {
     linear(x, T, W, y);
     return;
   }

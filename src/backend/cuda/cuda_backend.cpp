@@ -54,6 +54,11 @@ size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
+// FP8 with 128 x 128 block scales: what the block-scaled FP8 GEMM takes (enable_fp8_gemms checks the rest).
+bool fp8_block_scaled(const DMat& m) {
+  return m.quantized && !m.q.nvfp4 && m.q.block_rows == 128 && m.q.block_cols == 128;
+}
+
 int bucket_index(int64_t n) {
   for (int i = 0; i < kNumBuckets; ++i)
     if (n <= kBuckets[i]) return i;
@@ -877,13 +882,18 @@ core::Status CudaBackend::plan_memory() {
   bufs.push_back({&ws_.x16, std::max<size_t>(ws_.x16_elems * 2, 16)});
   // Quantized matmuls: fp16 activations of one GEMV launch, and, when prefill chunks pass the decode buckets,
   // the largest quantized weight but lm_head widened to bf16 (lm_head runs its rows on the GEMV).
+  // FP8 block-scaled matrices: prefill chunks past the decode buckets quantize their activations to E4M3
+  // per 128 columns for cuBLASLt's FP8 GEMM (rows rounded up to 8).
   size_t wdq = 0;
-  bool any_quant = lm_head_.quantized;
+  bool any_quant = lm_head_.quantized, fp8_block = false;
   const auto widest = [&](const DMat& m) {
     any_quant |= m.quantized || !m.parts.empty();
     if (m.quantized) wdq = std::max(wdq, static_cast<size_t>(m.rows * m.cols));
-    for (const DMat& p : m.parts)
+    fp8_block |= fp8_block_scaled(m);
+    for (const DMat& p : m.parts) {
       if (p.quantized) wdq = std::max(wdq, static_cast<size_t>(p.rows * p.cols));
+      fp8_block |= fp8_block_scaled(p);
+    }
   };
   for (const DLayer& L : layers_)
     for (const DMat* m :
@@ -902,20 +912,8 @@ core::Status CudaBackend::plan_memory() {
     }
   any_quant |= quant_experts;
   const int64_t xq_rows = quant_experts ? kDecodeMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
-  // FP8 block-scaled matrices: prefill chunks past the decode buckets quantize their activations to E4M3
-  // per 128 columns for cuBLASLt's FP8 GEMM (rows rounded up to 8).
-  bool fp8_block = false;
-  const auto block_scaled = [](const DMat& m) {
-    return m.quantized && !m.q.nvfp4 && m.q.block_rows == 128 && m.q.block_cols == 128;
-  };
-  for (const DLayer& L : layers_)
-    for (const DMat* m :
-         {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down}) {
-      fp8_block |= block_scaled(*m);
-      for (const DMat& p : m->parts) fp8_block |= block_scaled(p);
-    }
   const bool x8 = fp8_block && !opt_.exact && R > kDecodeMaxRows;
-  ws_.x8_rows = x8 ? (R + 7) / 8 * 8 : 0;
+  ws_.x8_rows = x8 ? fp8_gemm_rows(R) : 0;
   ws_.x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;
   bufs.push_back({&ws_.x8, std::max<size_t>(static_cast<size_t>(ws_.x8_rows * ws_.x8_cols), 16)});
   f(ws_.x8_scale, std::max<int64_t>(ws_.x8_cols / 128 * ws_.x8_rows, 4));
@@ -1210,8 +1208,8 @@ void CudaBackend::enable_fp8_gemms() {
   // Every output buffer of these matmuls holds max_rows_ rows (the FP8 GEMM writes T rounded up to 8).
   if (opt_.exact || !opt_.fp8_gemm || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
   const auto enable = [&](DMat& m, void* y) {
-    if (!m.quantized || m.q.nvfp4 || m.q.block_rows != 128 || m.q.block_cols != 128 ||
-        m.q.grid_cols * 128 != m.cols || m.cols % 512 != 0 || m.rows % 8 != 0 || m.cols > ws_.x8_cols)
+    if (!fp8_block_scaled(m) || m.q.grid_cols * 128 != m.cols || m.cols % 512 != 0 || m.rows % 8 != 0 ||
+        m.cols > ws_.x8_cols)
       return;
     m.fp8_gemm = true;
     // cuBLASLt's answer for a whole chunk; a build without the block-scaled FP8 GEMM keeps the bf16 copy.

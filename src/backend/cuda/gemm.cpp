@@ -155,10 +155,7 @@ core::Status Gemm::launch(const GemmCall& c, const Descs& d, const Algo& a, cuda
   return core::Status();
 }
 
-core::Status Gemm::run(const GemmCall& c, cudaStream_t stream) {
-  if (c.N == 0 || c.T == 0) return core::Status();
-  Descs d;
-  DF_TRY(describe(c, d));
+core::Expected<const Gemm::Algo*> Gemm::algo_for(const GemmCall& c, Descs& d) {
   const Key key = key_of(c);
   auto it = algos_.find(key);
   if (it == algos_.end()) {
@@ -166,19 +163,20 @@ core::Status Gemm::run(const GemmCall& c, cudaStream_t stream) {
     DF_TRY(heuristics(c, d, 1, first));
     it = algos_.emplace(key, first[0]).first;
   }
-  return launch(c, d, it->second, stream);
+  return &it->second;
+}
+
+core::Status Gemm::run(const GemmCall& c, cudaStream_t stream) {
+  if (c.N == 0 || c.T == 0) return core::Status();
+  Descs d;
+  DF_TRY(describe(c, d));
+  DF_ASSIGN(const Algo* a, algo_for(c, d));
+  return launch(c, d, *a, stream);
 }
 
 bool Gemm::supports(const GemmCall& c) {
-  if (!handle_) return false;
   Descs d;
-  if (!describe(c, d).is_ok()) return false;
-  const Key key = key_of(c);
-  if (algos_.count(key)) return true;
-  std::vector<Algo> first;
-  if (!heuristics(c, d, 1, first).is_ok()) return false;
-  algos_.emplace(key, first[0]);
-  return true;
+  return describe(c, d).is_ok() && algo_for(c, d).is_ok();
 }
 
 core::Status Gemm::tune(const GemmCall& c, int candidates, cudaStream_t stream) {

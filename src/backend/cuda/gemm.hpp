@@ -82,6 +82,8 @@ class Gemm {
   core::Status describe(const GemmCall& c, Descs& d) const;
   core::Status heuristics(const GemmCall& c, Descs& d, int count, std::vector<Algo>& out) const;
   core::Status launch(const GemmCall& c, const Descs& d, const Algo& a, cudaStream_t stream) const;
+  // The algorithm kept for c's key: cuBLASLt's first heuristic choice the first time (or tune()'s).
+  core::Expected<const Algo*> algo_for(const GemmCall& c, Descs& d);
   static Key key_of(const GemmCall& c);
 
   cublasLtContext* handle_ = nullptr;

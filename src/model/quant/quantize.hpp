@@ -18,11 +18,11 @@ uint8_t f32_to_e4m3(float x);
 // bounds .75, 1.75, 3.5 (round half to even); the sign bit for every negative input, zero included.
 uint8_t e2m1_code(float x);
 
-// Static FP8 activation quantization (a W8A8 checkpoint's per-tensor `input_scale`, a multiplier), emulated in
-// fp32 as ModelOpt's fake quant computes it (tensor_quant._fp8_eager with amax = input_scale * 448):
-// out[i] = e4m3(clamp(x[i] * s, -448, 448)) * (1 / s), s = 448 / amax (about x / input_scale, in ModelOpt's order
-// of operations, which decides the codes of inputs on a rounding boundary), E4M3 rounded to nearest even.
-// `out` may be `x`. input_scale <= 0 (none stored) copies x unchanged.
+// Static FP8 activation quantization (a W8A8 checkpoint's per-tensor `input_scale`, a multiplier), emulated
+// in fp32 as ModelOpt's fake quant computes it (tensor_quant._fp8_eager with amax = input_scale * 448):
+// out[i] = e4m3(clamp(x[i] * s, -448, 448)) * (1 / s), s = 448 / amax (about x / input_scale, in ModelOpt's
+// order of operations, which decides the codes of inputs on a rounding boundary), E4M3 rounded to nearest
+// even. `out` may be `x`. input_scale <= 0 (none stored) copies x unchanged.
 void fake_quant_fp8_static(const float* x, size_t n, float input_scale, float* out);
 
 struct Nvfp4Weight {
