@@ -245,9 +245,8 @@ size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core:
 struct QuantBuffers {
   size_t widest = 0;
   bool any = false;
-  bool experts = false;     // quantized routed experts (decode stages T * K slots' activations)
-  bool fp8_block = false;   // FP8 with 128 x 128 block scales (prefill quantizes activations for FP8 GEMMs)
-  size_t expert_elems = 0;  // every expert of one projection widened (steps past kDecodeMaxRows rows)
+  bool experts = false;    // quantized routed experts (a step stages its T * K slots' activations)
+  bool fp8_block = false;  // FP8 with 128 x 128 block scales (prefill quantizes activations for FP8 GEMMs)
 };
 
 QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix, bool exact) {
@@ -301,11 +300,10 @@ QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix
       group({lin("mlp.down_proj", H, I)}, false);
     }
     if (c.layer_is_moe(i)) {
-      const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+      const int64_t Im = c.moe_intermediate_size;
       const std::string m = L + "mlp.";
       if (expert_pack(c, m, Im, H, true, exact).packs && expert_pack(c, m, H, Im, false, exact).packs) {
         qb.any = qb.experts = true;
-        qb.expert_elems = static_cast<size_t>(E * std::max(2 * Im * H, H * Im));
         const int64_t Is = c.shared_expert_intermediate_size;
         group({lin("mlp.shared_expert.gate_proj", Is, H), lin("mlp.shared_expert.up_proj", Is, H)}, true);
         group({lin("mlp.shared_expert.down_proj", H, Is)}, false);
@@ -400,12 +398,12 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
       fp8 && n_full ? static_cast<size_t>(2 * max_ctx * c.num_key_value_heads * c.head_dim) * 2 : 0, 16));
   const size_t x16_elems = opt.exact ? 0 : static_cast<size_t>(std::max(R, RK) * Kmax);
   s.add(std::max<size_t>(x16_elems * 2, 16));  // 16-bit copies of matmul inputs for cuBLASLt
-  // Quantized matmuls: a bf16 copy of the widest quantized weight when prefill chunks pass the decode
-  // buckets, the fp16 activations of one GEMV launch, their per-row factors.
+  // Quantized matmuls: a bf16 copy of the widest quantized weight but the experts' when prefill chunks pass
+  // the decode buckets, the fp16 activations of one GEMV launch (quantized experts: of a step's T * K
+  // slots), their per-row factors.
   const QuantBuffers qb = quant_buffers(c, module_prefix(c, opt), opt.exact);
-  size_t wdq = !opt.exact && R > kDecodeMaxRows ? qb.widest : 0;
-  if (qb.experts && R > kDecodeMaxRows) wdq = std::max(wdq, qb.expert_elems);
-  const int64_t xq_rows = qb.experts ? kDecodeMaxRows * std::max<int64_t>(K, 1) : kGemvMaxRows;
+  const size_t wdq = !opt.exact && R > kDecodeMaxRows ? qb.widest : 0;
+  const int64_t xq_rows = qb.experts ? std::max(R, kDecodeMaxRows) * std::max<int64_t>(K, 1) : kGemvMaxRows;
   // FP8 block-scaled matrices: prefill's activations in E4M3 and their per-128-column scales (rows to 8).
   const bool x8 = qb.fp8_block && !opt.exact && R > kDecodeMaxRows;
   const int64_t x8_rows = x8 ? (R + 7) / 8 * 8 : 0, x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;

@@ -150,7 +150,7 @@ std::vector<float> random_x(int T, int64_t K, uint32_t seed, float big = 0) {
   return x;
 }
 
-double run_case(const HostQuant& h, bool swiglu, int T, float big = 0) {
+double run_case(const HostQuant& h, bool swiglu, int T, float big = 0, int split = 0) {
   const int64_t N = h.m.rows, K = h.m.cols;
   const std::vector<const model::Mat*> parts = {&h.m};
   auto p = pack_quant(parts, swiglu && h.m.format == WeightFormat::kNvfp4);
@@ -163,7 +163,7 @@ double run_case(const HostQuant& h, bool swiglu, int T, float big = 0) {
   const int64_t out = swiglu ? N / 2 : N;
   DevBuf<float> y(static_cast<size_t>(T * out));
   EXPECT_EQ(stage_activations_f16(dx.get(), K, T, K, xh.get(), factor.get(), nullptr), cudaSuccess);
-  EXPECT_EQ(gemv_quant(d.q, xh.get(), factor.get(), T, y.get(), out, swiglu, nullptr), cudaSuccess);
+  EXPECT_EQ(gemv_quant(d.q, xh.get(), factor.get(), T, y.get(), out, swiglu, nullptr, split), cudaSuccess);
   return gpu_test::rel_err(y.download(), reference(dequant(h.m), N, K, staged(x, T, K), T, swiglu));
 }
 
@@ -186,6 +186,29 @@ TEST(CudaGemvQuant, Fp8PerRowAndBlockScales) {
         std::printf("fp8 block %ld T=%d%s: %.3g\n", static_cast<long>(block), T, sw ? " swiglu" : "", e);
         EXPECT_LE(e, kTol) << "block " << block << " T " << T << (sw ? " swiglu" : "");
       }
+}
+
+// Every column split (warps of a block summing parts of one tile's columns): 1 to 8 warps over 16 column
+// tiles, and over 4 (some warps with none).
+TEST(CudaGemvQuant, EveryColumnSplitGivesTheSameProducts) {
+  for (int split : {1, 2, 4, 8})
+    for (int T : {1, 9, 32}) {
+      const int64_t K = T == 9 ? 256 : 1024;
+      const HostQuant n = random_nvfp4(96, K, 3 + T), f = random_fp8(96, K, 128, 4 + T);
+      const double en = run_case(n, true, T, 0, split), ef = run_case(f, false, T, 0, split);
+      std::printf("split %d T=%d: nvfp4 swiglu %.3g, fp8 %.3g\n", split, T, en, ef);
+      EXPECT_LE(en, kTol) << "nvfp4 split " << split << " T " << T;
+      EXPECT_LE(ef, kTol) << "fp8 split " << split << " T " << T;
+    }
+  const HostQuant h = random_nvfp4(32, 256, 9);
+  const std::vector<const model::Mat*> parts = {&h.m};
+  auto p = pack_quant(parts, false);
+  ASSERT_TRUE(p.is_ok()) << p.message();
+  DevQuant d = upload(*p);
+  DevBuf<__half> xh(256);
+  DevBuf<float> factor(1), y(32);
+  EXPECT_EQ(gemv_quant(d.q, xh.get(), factor.get(), 1, y.get(), 32, false, nullptr, 16),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaGemvQuant, ARowPastFp16sRangeIsScaledNotLost) {
@@ -301,6 +324,55 @@ TEST(CudaGemvQuant, GroupedRowsUseTheirExperts) {
         reference(dequant(ex[static_cast<size_t>(experts[static_cast<size_t>(g)])].m), N, K, xg, 1, false);
     const std::vector<float> row(got.begin() + g * N, got.begin() + (g + 1) * N);
     EXPECT_LE(gpu_test::rel_err(row, want), kTol) << "slot " << g;
+  }
+}
+
+TEST(CudaGemvQuant, TileRowsUseTheirExperts) {
+  // Three experts of [64, 128] NVFP4 stacked; 102 slot rows gathered from 51 token rows, in tiles of 64
+  // (both halves), 5 and 33 rows; a fourth tile in the room past n_tiles must be left alone. Each input row
+  // r is written to output row 101 - r.
+  const int64_t N = 64, K = 128, E = 3, S = 102, X = 51;
+  std::vector<HostQuant> ex;
+  for (int e = 0; e < E; ++e) ex.push_back(random_nvfp4(N, K, 60 + e));
+  std::vector<const model::Mat*> parts;
+  for (const auto& h : ex) parts.push_back(&h.m);
+  auto p = pack_quant(parts, false);
+  ASSERT_TRUE(p.is_ok()) << p.message();
+  DevQuant d = upload(*p);
+  d.q.N = N;
+  d.q.codes_stride = N * K / 2;
+  d.q.scales_stride = N * K / 16;
+  d.q.row_stride = N;
+  const std::vector<GroupedTile> tiles = {{2, 0, 64}, {0, 64, 5}, {1, 69, 33}, {0, 0, 64}};
+  std::vector<int> src(S), dst(S), expert_of(S);
+  for (int64_t r = 0; r < S; ++r) {
+    src[static_cast<size_t>(r)] = static_cast<int>((r * 7) % X);
+    dst[static_cast<size_t>(r)] = static_cast<int>(S - 1 - r);
+  }
+  for (size_t t = 0; t < 3; ++t)
+    for (int r = tiles[t].row0; r < tiles[t].row0 + tiles[t].rows; ++r)
+      expert_of[static_cast<size_t>(r)] = tiles[t].expert;
+  DevBuf<GroupedTile> dt(tiles);
+  DevBuf<int> dsrc(src), ddst(dst), n_tiles(std::vector<int>{3});
+  const auto x = random_x(static_cast<int>(X), K, 13);
+  DevBuf<float> dx(x), factor(S), y(static_cast<size_t>(S * N));
+  DevBuf<__half> xh(static_cast<size_t>(S * K));
+  ASSERT_EQ(stage_activations_f16_rows(dx.get(), K, dsrc.get(), static_cast<int>(S), K, xh.get(),
+                                       factor.get(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(gemv_quant_tiles(d.q, dt.get(), 4, n_tiles.get(), xh.get(), factor.get(), y.get(), N, ddst.get(),
+                             false, nullptr),
+            cudaSuccess);
+  const auto got = y.download();
+  const auto xs = staged(x, static_cast<int>(X), K);
+  for (int64_t r = 0; r < S; ++r) {
+    const int64_t xr = src[static_cast<size_t>(r)];
+    const std::vector<double> xg(xs.begin() + xr * K, xs.begin() + (xr + 1) * K);
+    const auto want =
+        reference(dequant(ex[static_cast<size_t>(expert_of[static_cast<size_t>(r)])].m), N, K, xg, 1, false);
+    const int64_t o = dst[static_cast<size_t>(r)];
+    const std::vector<float> row(got.begin() + o * N, got.begin() + (o + 1) * N);
+    EXPECT_LE(gpu_test::rel_err(row, want), kTol) << "slot row " << r;
   }
 }
 

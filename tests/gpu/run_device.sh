@@ -64,6 +64,26 @@ for w in $what; do
       timeout 120 $BENCH --gemv nvfp4,fp8-block,bf16 --shapes 17408x5120,5120x17408,34816x5120 \
         --rows 1,4,8,16,32 2>&1 | tee "$OUT/bench_gemv.txt"
       ;;
+    gemvsweep)
+      for ks in 4 8; do
+        for u in 4 8; do
+          section "bench --gemv, DELTAFLOW_QGEMV_KS=$ks DELTAFLOW_QGEMV_U=$u"
+          DELTAFLOW_QGEMV_KS=$ks DELTAFLOW_QGEMV_U=$u timeout 60 $BENCH --gemv nvfp4,fp8-block \
+            --shapes 17408x5120,5120x17408,34816x5120,1024x2048,2048x512 --rows 1,4,8 2>&1 |
+            tee "$OUT/bench_gemv_ks${ks}_u$u.txt"
+        done
+      done
+      ;;
+    ncugemv)
+      for rows in 1 8; do
+        section "ncu: NVFP4 GEMV 17408x5120, $rows rows"
+        timeout 120 ncu --kernel-name regex:kernel_gemv --launch-skip 20 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          $BENCH --gemv nvfp4 --shapes 17408x5120 --rows $rows --iters 30 2>&1 |
+          grep -E "kernel_gemv|Throughput|Duration|Occupancy|Registers|Grid Size|Block Size|Warp Cycles|Stall|stalled|Est\." |
+          tee "$OUT/ncu_gemv_$rows.txt" | head -40
+      done
+      ;;
     bench27q)
       for q in "" nvfp4-mixed fp8-block; do
         section "bench qwen3.6-27b ${q:-bf16}"

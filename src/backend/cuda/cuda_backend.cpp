@@ -900,18 +900,14 @@ core::Status CudaBackend::plan_memory() {
          {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down})
       widest(*m);
   ws_.wdq_elems = !opt_.exact && R > kDecodeMaxRows ? wdq : 0;
-  // Quantized routed experts: a prefill chunk past the decode buckets widens every expert of one projection
-  // at once for the grouped GEMM; a step of up to kDecodeMaxRows tokens stages its T * K slots' activations
-  // for the down projection's grouped GEMV.
+  // Quantized routed experts: a step stages its T * K slots' activations (the gate/up's gathered in sorted
+  // order past the decode buckets, and the down projection's).
   bool quant_experts = false;
-  for (const DLayer& L : layers_)
-    if (L.is_moe && L.experts_gu.quantized) {
-      quant_experts = true;
-      if (R > kDecodeMaxRows)
-        ws_.wdq_elems = std::max(ws_.wdq_elems, static_cast<size_t>(E * std::max(2 * Im * H, H * Im)));
-    }
+  for (const DLayer& L : layers_) quant_experts |= L.is_moe && L.experts_gu.quantized;
   any_quant |= quant_experts;
-  const int64_t xq_rows = quant_experts ? kDecodeMaxRows * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
+  const int64_t xq_rows =
+      quant_experts ? std::max<int64_t>(R, kDecodeMaxRows) * std::max<int64_t>(K, 1) : kQuantGemvMaxRows;
+  ws_.xq_rows = static_cast<size_t>(xq_rows);
   const bool x8 = fp8_block && !opt_.exact && R > kDecodeMaxRows;
   ws_.x8_rows = x8 ? fp8_gemm_rows(R) : 0;
   ws_.x8_cols = x8 ? (Kmax + 127) / 128 * 128 : 0;
@@ -1635,20 +1631,22 @@ core::Status CudaBackend::moe_shared_and_combine(const DLayer& L, int64_t n) {
 }
 
 core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
-  // Routed experts in a quantized layout (QuantWeight's grouped form). Steps of up to kDecodeMaxRows tokens:
-  // one grouped GEMV per projection over the T * K slots, each slot's expert read from the router's ids on
-  // the device (gate/up writes SwiGLU; down writes each slot's row); each slot reads one expert's codes,
-  // which costs less than widening all E experts (write and read 2 bytes an element) while T * K stays
-  // below about 5 E (FP8) to 8 E (NVFP4): every decode bucket of Qwen3.5-35B-A3B (E = 256, K = 8). Longer
-  // steps: every expert of a projection widened to bf16 in ws_.wdq (one launch), then the grouped GEMM as
-  // for bf16 experts. The shared expert is a dense MLP in
-  // its own format; moe_combine sums the weighted slots and the gated shared expert.
+  // Routed experts in a quantized layout (QuantWeight's grouped form), read as they are stored. Steps of up
+  // to kDecodeMaxRows tokens: one grouped GEMV per projection over the T * K slots, each slot's expert read
+  // from the router's ids on the device (gate/up writes SwiGLU; down writes each slot's row): each slot
+  // reads one expert's codes. Longer steps: the slots sorted by expert on the device (moe_sort.cuh) and each
+  // 64-row tile of one expert's slots multiplied by it (gemv_quant_tiles), so an expert's codes are read
+  // once per 32 of its rows; widening every expert to bf16 for the grouped GEMM instead cost about 8 ms a
+  // layer on an H100 whatever the chunk. The shared expert is a dense MLP in its own format; moe_combine
+  // sums the weighted slots and the gated shared expert.
   const auto& c = config_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Im = L.experts_down.cols, nk = n * K;
+  const int slots = static_cast<int>(nk);
+  if (static_cast<size_t>(nk) > ws_.xq_rows)
+    return core::Error{"cuda backend: internal: the quantized experts' staging does not hold this step"};
   if (n <= kDecodeMaxRows) {
     prof_.mark("moe gate_up", stream_);
-    const int slots = static_cast<int>(nk);
     DF_CUDA_TRY(stage_activations_f16(ws_.xn, H, static_cast<int>(n), H, ws_.xq, ws_.xq_factor, stream_));
     DF_CUDA_TRY(gemv_quant_grouped(L.experts_gu.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor,
                                    static_cast<int>(K), ws_.act_s, Im, /*swiglu=*/true, stream_));
@@ -1659,27 +1657,20 @@ core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
     return moe_shared_and_combine(L, n);
   }
   prof_.mark("moe experts", stream_);
-  const core::DType dt = core::DType::kBF16;
-  if (static_cast<size_t>(E * std::max(2 * Im * H, H * Im)) > ws_.wdq_elems ||
-      static_cast<size_t>(nk * std::max(H, Im)) > ws_.x16_elems)
-    return core::Error{"cuda backend: internal: the quantized experts' workspace does not hold this step"};
   auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
   int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
   int* n_live = scratch + moe_sort_scratch_ints(E);
   const int room = static_cast<int>(moe_tile_room_);
   DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
                                  ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));
-  x16_holds_ = {};
-  DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
-  DF_CUDA_TRY(dequantize_bf16_grouped(L.experts_gu.q, static_cast<int>(E), ws_.wdq, stream_));
-  DF_CUDA_TRY(moe_grouped_gemm(ws_.wdq, dt, 2 * Im * H, static_cast<int>(2 * Im), static_cast<int>(H),
-                               ws_.x16, tiles, room, ws_.gu_s, dt, 2 * Im, stream_, ws_.sort_tok, nullptr,
-                               n_live));
-  DF_CUDA_TRY(swiglu(ws_.gu_s, dt, 2 * Im, nk, Im, ws_.x16, dt, Im, stream_));
-  DF_CUDA_TRY(dequantize_bf16_grouped(L.experts_down.q, static_cast<int>(E), ws_.wdq, stream_));
-  DF_CUDA_TRY(moe_grouped_gemm(ws_.wdq, dt, H * Im, static_cast<int>(H), static_cast<int>(Im), ws_.x16, tiles,
-                               room, ws_.y_slot, core::DType::kF32, H, stream_, nullptr, ws_.sort_slot,
-                               n_live));
+  // gate/up over the slots in sorted order (each reads its token's row), SwiGLU into act_s in that order;
+  // down from there, each row written back to its slot.
+  DF_CUDA_TRY(stage_activations_f16_rows(ws_.xn, H, ws_.sort_tok, slots, H, ws_.xq, ws_.xq_factor, stream_));
+  DF_CUDA_TRY(gemv_quant_tiles(L.experts_gu.q, tiles, room, n_live, ws_.xq, ws_.xq_factor, ws_.act_s, Im,
+                               nullptr, /*swiglu=*/true, stream_));
+  DF_CUDA_TRY(stage_activations_f16(ws_.act_s, Im, slots, Im, ws_.xq, ws_.xq_factor, stream_));
+  DF_CUDA_TRY(gemv_quant_tiles(L.experts_down.q, tiles, room, n_live, ws_.xq, ws_.xq_factor, ws_.y_slot, H,
+                               ws_.sort_slot, false, stream_));
   return moe_shared_and_combine(L, n);
 }
 

@@ -330,6 +330,7 @@ class CudaBackend final : public SequenceBackend {
     size_t gdn_chunk_bytes = 0;
     void* xq = nullptr;          // quantized matmuls: the activations in fp16 (stage_activations_f16)
     float* xq_factor = nullptr;  // and their per-row factors
+    size_t xq_rows = 0;          // rows xq and xq_factor hold
     void* wdq = nullptr;         // a quantized weight widened to bf16 for cuBLASLt (prefill)
     size_t wdq_elems = 0;
     void* x8 = nullptr;         // FP8 GEMMs: the activations in E4M3 [x8_rows, K] (quantize_fp8_1x128)

@@ -2,7 +2,9 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemv_quant.cuh"
@@ -12,8 +14,9 @@
 namespace deltaflow::backend::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+// A block is KS x G warps: G groups (one output tile each) of KS warps splitting the tile's columns.
+template <int KS, int G>
+constexpr int kBlockThreads = 32 * KS* G;
 constexpr float kNvfp4Unshift = 16384.0f;  // the fp16 form of an E2M1 code is its value * 2^-14
 
 struct QArgs {
@@ -26,7 +29,21 @@ struct QArgs {
   float* y;
   int64_t ldy;
   int64_t n_out;  // N, or N / 2 with SwiGLU
+  // The tile form (MoE prefill): problem blockIdx.y is half (kTileHalf rows) of tile blockIdx.y / 2.
+  const GroupedTile* tiles = nullptr;
+  const int* n_tiles = nullptr;
+  const int* y_rows = nullptr;  // output row of input row r (else r)
+  int64_t row0 = 0;             // the problem's first input row
 };
+
+constexpr int kTileHalf = kQuantGemvMaxRows;
+static_assert(kGroupedTileRows == 2 * kTileHalf, "a tile is two GEMV problems");
+
+// The output row of the problem's activation row tok.
+__device__ __forceinline__ int64_t out_row(const QArgs& a, int tok) {
+  const int64_t r = a.row0 + tok;
+  return a.y_rows ? a.y_rows[r] : r;
+}
 
 // The four fp16 pairs of one NVFP4 lane word (quant_pack.hpp): slot s's magnitudes to bits 9..11 / 25..27
 // and its signs to bits 15 / 31; an fp16 with exponent field 0..3 and that mantissa bit is exactly the E2M1
@@ -69,17 +86,33 @@ __device__ __forceinline__ int64_t tile_row(const QuantWeight& w, int64_t t, int
   return n < w.N ? n : -1;
 }
 
-// Points a, x, factor and y at problem blockIdx.y of the grouped form.
-__device__ __forceinline__ void enter_problem(QArgs& a) {
-  const int g = blockIdx.y;
-  const int64_t e = a.expert[g];
+// Points a at problem blockIdx.y of the grouped or tile form: its expert's codes and scales, its rows of x,
+// factor and y. False when the problem is empty (a tile past *n_tiles, or a tile's second half it lacks).
+__device__ __forceinline__ bool enter_problem(QArgs& a) {
+  int64_t e;
+  if (a.tiles) {
+    const int p = static_cast<int>(blockIdx.y >> 1), half = static_cast<int>(blockIdx.y & 1);
+    if (p >= *a.n_tiles) return false;
+    const GroupedTile t = a.tiles[p];
+    const int rows = min(kTileHalf, t.rows - half * kTileHalf);
+    if (rows <= 0) return false;
+    e = t.expert;
+    a.T = rows;
+    a.row0 = t.row0 + half * kTileHalf;
+    a.x += a.row0 * a.w.K;
+    a.factor += a.row0;
+  } else {
+    const int g = blockIdx.y;
+    e = a.expert[g];
+    a.x += static_cast<int64_t>(g / a.x_div) * a.w.K;
+    a.factor += g / a.x_div;
+    a.y += static_cast<int64_t>(g) * a.ldy;
+  }
   a.w.codes = static_cast<const uint8_t*>(a.w.codes) + e * a.w.codes_stride;
   if (a.w.scales) a.w.scales += e * a.w.scales_stride;
   if (a.w.row_scales) a.w.row_scales += e * a.w.row_stride;
   if (a.w.grid) a.w.grid += e * a.w.grid_stride;
-  a.x += static_cast<int64_t>(g / a.x_div) * a.w.K;
-  a.factor += g / a.x_div;
-  a.y += static_cast<int64_t>(g) * a.ldy;
+  return true;
 }
 
 // The KS warps of a group add their accumulators in a fixed order; true in the warp that then holds the sum.
@@ -111,19 +144,19 @@ __device__ __forceinline__ bool reduce_k_split(float (&acc)[TN][4], float (*red)
 
 // One warp per 16-row tile (KS warps splitting its column tiles), TN tiles of 8 activation rows, U column
 // tiles' codes in flight.
-template <int TN, int U, int KS, bool SW>
-__global__ void __launch_bounds__(kThreads) kernel_gemv_nvfp4(QArgs a) {
-  constexpr int kGroups = kWarps / KS;
-  __shared__ float red[KS > 1 ? kWarps : 1][TN * 4][32];
+template <int TN, int U, int KS, int G, bool SW>
+__global__ void __launch_bounds__(kBlockThreads<KS, G>) kernel_gemv_nvfp4(QArgs a) {
+  constexpr int kGroups = G;
+  __shared__ float red[KS > 1 ? KS * G : 1][TN * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = warp / KS, kp = warp % KS;
   const int g = lane >> 2, q = lane & 3;
   const int64_t tiles_r = (a.w.N + 15) / 16, tiles_k = a.w.K / 64;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kGroups + grp;
   const bool active = t < tiles_r;
-  if (a.expert) {
+  if (a.expert || a.tiles) {
     pdl_wait();
-    enter_problem(a);
+    if (!enter_problem(a)) return;
   }
   const int64_t r_lo = active ? tile_row(a.w, t, g) : -1, r_hi = active ? tile_row(a.w, t, g + 8) : -1;
   const int64_t sr_lo = r_lo < 0 ? 0 : r_lo, sr_hi = r_hi < 0 ? 0 : r_hi;
@@ -135,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_nvfp4(QArgs a) {
   for (int j = 0; j < TN; ++j) xr[j] = a.x + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.w.K + 4 * q;
 
   pdl_launch_dependents();
-  if (active && !a.expert) {
+  if (active && !a.expert && !a.tiles) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (kp + u * KS < tiles_k) prefetch_l2(wt + (kp + u * KS) * 32);
@@ -196,29 +229,30 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_nvfp4(QArgs a) {
       const float f = a.factor[tok];
       const float lo = acc[j][c] * rs_lo * f, hi = acc[j][2 + c] * rs_hi * f;
       if constexpr (SW) {
-        a.y[tok * a.ldy + 8 * t + g] = silu_f(lo) * hi;
+        a.y[out_row(a, tok) * a.ldy + 8 * t + g] = silu_f(lo) * hi;
       } else {
-        if (r_lo >= 0) a.y[tok * a.ldy + r_lo] = lo;
-        if (r_hi >= 0) a.y[tok * a.ldy + r_hi] = hi;
+        float* yr = a.y + out_row(a, tok) * a.ldy;
+        if (r_lo >= 0) yr[r_lo] = lo;
+        if (r_hi >= 0) yr[r_hi] = hi;
       }
     }
 }
 
 // FP8: one warp per 16 weight rows (with SwiGLU 8 gate rows over the matching 8 up rows), read row-major.
-template <int TN, int U, int KS, bool SW>
-__global__ void __launch_bounds__(kThreads) kernel_gemv_fp8(QArgs a) {
-  constexpr int kGroups = kWarps / KS;
+template <int TN, int U, int KS, int G, bool SW>
+__global__ void __launch_bounds__(kBlockThreads<KS, G>) kernel_gemv_fp8(QArgs a) {
+  constexpr int kGroups = G;
   constexpr int kTileOut = SW ? 8 : 16;
-  __shared__ float red[KS > 1 ? kWarps : 1][TN * 4][32];
+  __shared__ float red[KS > 1 ? KS * G : 1][TN * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = warp / KS, kp = warp % KS;
   const int g = lane >> 2, q = lane & 3;
   const int64_t tiles_k = a.w.K / 64;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kGroups + grp) * kTileOut;
   const bool active = o0 < a.n_out;
-  if (a.expert) {
+  if (a.expert || a.tiles) {
     pdl_wait();
-    enter_problem(a);
+    if (!enter_problem(a)) return;
   }
   int64_t r_lo, r_hi;
   if constexpr (SW) {
@@ -240,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_fp8(QArgs a) {
         reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.w.K) + 2 * q;
 
   pdl_launch_dependents();
-  if (active && !a.expert) {
+  if (active && !a.expert && !a.tiles) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (kp + u * KS < tiles_k) {
@@ -303,40 +337,86 @@ __global__ void __launch_bounds__(kThreads) kernel_gemv_fp8(QArgs a) {
       const float lo = acc[j][c] * f, hi = acc[j][2 + c] * f;
       if constexpr (SW) {
         const int64_t o = o0 + g;
-        if (o < a.n_out) a.y[tok * a.ldy + o] = silu_f(lo) * hi;
+        if (o < a.n_out) a.y[out_row(a, tok) * a.ldy + o] = silu_f(lo) * hi;
       } else {
         const int64_t o = o0 + g;
-        if (o < a.w.N) a.y[tok * a.ldy + o] = lo;
-        if (o + 8 < a.w.N) a.y[tok * a.ldy + o + 8] = hi;
+        float* yr = a.y + out_row(a, tok) * a.ldy;
+        if (o < a.w.N) yr[o] = lo;
+        if (o + 8 < a.w.N) yr[o + 8] = hi;
       }
     }
 }
 
 template <int TN, int U, int KS>
 cudaError_t launch_q(const QArgs& a, bool sw, int groups, cudaStream_t s) {
-  constexpr int kGroups = kWarps / KS;
+  constexpr int G = KS >= 4 ? 1 : 4 / KS;  // at least 4 warps a block
+  constexpr int kThreads = kBlockThreads<KS, G>;
   if (a.w.nvfp4) {
     const int64_t tiles = (a.w.N + 15) / 16;
-    const dim3 grid(grid_1d(tiles, kGroups), static_cast<unsigned>(groups));
-    if (sw) return launch(kernel_gemv_nvfp4<TN, U, KS, true>, grid, dim3(kThreads), 0, s, a);
-    return launch(kernel_gemv_nvfp4<TN, U, KS, false>, grid, dim3(kThreads), 0, s, a);
+    const dim3 grid(grid_1d(tiles, G), static_cast<unsigned>(groups));
+    if (sw) return launch(kernel_gemv_nvfp4<TN, U, KS, G, true>, grid, dim3(kThreads), 0, s, a);
+    return launch(kernel_gemv_nvfp4<TN, U, KS, G, false>, grid, dim3(kThreads), 0, s, a);
   }
+  constexpr int U8 = U / 2 ? U / 2 : 1;  // an FP8 k-tile is twice an NVFP4 one's bytes
   const int64_t per = sw ? 8 : 16;
-  const dim3 grid(grid_1d((a.n_out + per - 1) / per, kGroups), static_cast<unsigned>(groups));
-  if (sw) return launch(kernel_gemv_fp8 < TN, U / 2 ? U / 2 : 1, KS, true >, grid, dim3(kThreads), 0, s, a);
-  return launch(kernel_gemv_fp8 < TN, U / 2 ? U / 2 : 1, KS, false >, grid, dim3(kThreads), 0, s, a);
+  const dim3 grid(grid_1d((a.n_out + per - 1) / per, G), static_cast<unsigned>(groups));
+  if (sw) return launch(kernel_gemv_fp8<TN, U8, KS, G, true>, grid, dim3(kThreads), 0, s, a);
+  return launch(kernel_gemv_fp8<TN, U8, KS, G, false>, grid, dim3(kThreads), 0, s, a);
 }
 
-// Warps splitting K: enough blocks to fill the GPU when the matrix has few row tiles.
+// DELTAFLOW_QGEMV_KS (1, 2, 4 or 8: the column split) and DELTAFLOW_QGEMV_U (4 or 8: NVFP4 column tiles a
+// warp loads at once, FP8 half as many) fix the choice, for sweeps with `bench --gemv`; unset: chosen.
+int env_choice(const char* name, std::initializer_list<int> allowed) {
+  const char* e = std::getenv(name);
+  const int v = e ? std::atoi(e) : 0;
+  for (int a : allowed)
+    if (v == a) return v;
+  return 0;
+}
+int forced_split() {
+  static const int ks = env_choice("DELTAFLOW_QGEMV_KS", {1, 2, 4, 8});
+  return ks;
+}
+int forced_unroll() {
+  static const int u = env_choice("DELTAFLOW_QGEMV_U", {4, 8});
+  return u;
+}
+
+template <int TN, int U>
+cudaError_t by_split_u(const QArgs& a, bool sw, int groups, int ks, cudaStream_t s) {
+  switch (ks) {
+    case 1:
+      return launch_q<TN, U, 1>(a, sw, groups, s);
+    case 2:
+      return launch_q<TN, U, 2>(a, sw, groups, s);
+    case 4:
+      return launch_q<TN, U, 4>(a, sw, groups, s);
+    case 8:
+      return launch_q<TN, U, 8>(a, sw, groups, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Warps splitting K (KS): up to 8 rows, 8 (one output tile a block) whenever there are 8 column tiles. On
+// an H100 (bench --gemv) that streams 17408x5120, 5120x17408 and 34816x5120 fastest of 1, 2, 4, 8 and 16
+// at 1 to 8 rows: a 4-bit GEMV's warp holds only U x 512 bytes in flight, so the launch wants many short
+// warps (NVFP4 at one row: 68%, 74%, 78% of the copy rate, against 58%, 37%, 71% with a split only for few
+// row tiles; U = 8 was slower). At 16 and 32 rows each warp's activation loads dominate and a split of 8
+// took up to 1.5x longer than 4.
 template <int TN>
-cudaError_t by_split(const QArgs& a, bool sw, int groups, cudaStream_t s) {
-  const int64_t tiles = (a.w.N + 15) / 16 * groups;
-  if (tiles >= 2048) return launch_q<TN, 4, 1>(a, sw, groups, s);
-  if (tiles >= 512) return launch_q<TN, 4, 2>(a, sw, groups, s);
-  return launch_q<TN, 4, 4>(a, sw, groups, s);
+cudaError_t by_split(const QArgs& a, bool sw, int groups, int split, cudaStream_t s) {
+  const int64_t tiles_k = a.w.K / 64;
+  int ks = split ? split : forced_split();
+  if (ks == 0) {
+    ks = TN == 1 ? 8 : 4;
+    while (ks > 1 && tiles_k < ks) ks /= 2;
+  }
+  if (forced_unroll() == 8) return by_split_u<TN, 8>(a, sw, groups, ks, s);
+  return by_split_u<TN, 4>(a, sw, groups, ks, s);
 }
 
-cudaError_t run(const QArgs& a0, bool sw, int groups, cudaStream_t s) {
+cudaError_t run(const QArgs& a0, bool sw, int groups, int split, cudaStream_t s) {
   QArgs a = a0;
   const QuantWeight& w = a.w;
   if (w.N == 0 || a.T == 0 || groups == 0) return cudaSuccess;
@@ -345,19 +425,19 @@ cudaError_t run(const QArgs& a0, bool sw, int groups, cudaStream_t s) {
       (!w.nvfp4 && (!w.grid || w.block_cols < 64)) || (w.nvfp4 && (!w.scales || !w.row_scales)))
     return cudaErrorInvalidValue;
   a.n_out = sw ? w.N / 2 : w.N;
-  if (a.T <= 8) return by_split<1>(a, sw, groups, s);
-  if (a.T <= 16) return by_split<2>(a, sw, groups, s);
-  return by_split<4>(a, sw, groups, s);
+  if (a.T <= 8) return by_split<1>(a, sw, groups, split, s);
+  if (a.T <= 16) return by_split<2>(a, sw, groups, split, s);
+  return by_split<4>(a, sw, groups, split, s);
 }
 
 // ---- staging, dequantization, random fill
 
 __global__ void __launch_bounds__(256)
-    kernel_stage(const float* x, int64_t ldx, int64_t K, __half* xh, float* factor) {
+    kernel_stage(const float* x, int64_t ldx, const int* rows, int64_t K, __half* xh, float* factor) {
   pdl_enter();
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
-  const float* row = x + t * ldx;
+  const float* row = x + (rows ? rows[t] : t) * ldx;
   float m = 0.0f;
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(row[k]));
   m = warp_max(m);
@@ -483,22 +563,41 @@ unsigned grid_for(int64_t n) {
 cudaError_t stage_activations_f16(const float* x, int64_t ldx, int T, int64_t K, void* xh, float* factor,
                                   cudaStream_t stream) {
   if (T == 0) return cudaSuccess;
-  return launch(kernel_stage, dim3(static_cast<unsigned>(T)), dim3(256), 0, stream, x, ldx, K,
+  return launch(kernel_stage, dim3(static_cast<unsigned>(T)), dim3(256), 0, stream, x, ldx,
+                static_cast<const int*>(nullptr), K, static_cast<__half*>(xh), factor);
+}
+
+cudaError_t stage_activations_f16_rows(const float* x, int64_t ldx, const int* rows, int T, int64_t K,
+                                       void* xh, float* factor, cudaStream_t stream) {
+  if (T == 0) return cudaSuccess;
+  if (!rows) return cudaErrorInvalidValue;
+  return launch(kernel_stage, dim3(static_cast<unsigned>(T)), dim3(256), 0, stream, x, ldx, rows, K,
                 static_cast<__half*>(xh), factor);
 }
 
 cudaError_t gemv_quant(const QuantWeight& W, const void* xh, const float* factor, int T, float* y,
-                       int64_t ldy, bool swiglu, cudaStream_t stream) {
+                       int64_t ldy, bool swiglu, cudaStream_t stream, int split) {
   QArgs a{W, nullptr, 1, static_cast<const __half*>(xh), factor, T, y, ldy, 0};
-  return run(a, swiglu, 1, stream);
+  return run(a, swiglu, 1, split, stream);
 }
 
 cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int groups, const void* xh,
                                const float* factor, int x_div, float* y, int64_t ldy, bool swiglu,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, int split) {
   if (!expert) return cudaErrorInvalidValue;
   QArgs a{W, expert, x_div, static_cast<const __half*>(xh), factor, 1, y, ldy, 0};
-  return run(a, swiglu, groups, stream);
+  return run(a, swiglu, groups, split, stream);
+}
+
+cudaError_t gemv_quant_tiles(const QuantWeight& W, const GroupedTile* tiles, int max_tiles,
+                             const int* n_tiles, const void* xh, const float* factor, float* y, int64_t ldy,
+                             const int* y_rows, bool swiglu, cudaStream_t stream) {
+  if (!tiles || !n_tiles || max_tiles < 0 || max_tiles > 65535 / 2) return cudaErrorInvalidValue;
+  QArgs a{W, nullptr, 1, static_cast<const __half*>(xh), factor, kTileHalf, y, ldy, 0};
+  a.tiles = tiles;
+  a.n_tiles = n_tiles;
+  a.y_rows = y_rows;
+  return run(a, swiglu, 2 * max_tiles, 0, stream);
 }
 
 cudaError_t dequantize_bf16(const QuantWeight& W, void* out, cudaStream_t stream) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/moe_grouped.cuh"
 #include "core/dtype.hpp"
 
 namespace deltaflow::backend::cuda {
@@ -38,17 +39,30 @@ struct QuantWeight {
 // magnitude below 2^15 (0 for every ordinary row): fp16's range without losing a row to overflow.
 cudaError_t stage_activations_f16(const float* x, int64_t ldx, int T, int64_t K, void* xh, float* factor,
                                   cudaStream_t stream);
+// The same for rows rows[0, T) of x (device ids): staged row t is x row rows[t] (a gather).
+cudaError_t stage_activations_f16_rows(const float* x, int64_t ldx, const int* rows, int T, int64_t K,
+                                       void* xh, float* factor, cudaStream_t stream);
 
 // y[t, n] = factor[t] * sum_k xh[t, k] * W[n, k], t < T <= kQuantGemvMaxRows; xh [T, K] packed.
 // swiglu (W interleaved, or FP8 [gate | up]): y[t, i] = silu(p[t, i]) * p[t, N/2 + i], i < N / 2.
+// split: the warps splitting each output tile's columns (1, 2, 4 or 8); 0 chooses (DELTAFLOW_QGEMV_KS
+// overrides the choice). Every split gives the same sums to rounding.
 cudaError_t gemv_quant(const QuantWeight& W, const void* xh, const float* factor, int T, float* y,
-                       int64_t ldy, bool swiglu, cudaStream_t stream);
+                       int64_t ldy, bool swiglu, cudaStream_t stream, int split = 0);
 
 // The grouped form, for MoE slots: problem g multiplies expert expert[g] with activation row g / x_div and
 // writes y row g (one row each); all on the device.
 cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int groups, const void* xh,
                                const float* factor, int x_div, float* y, int64_t ldy, bool swiglu,
-                               cudaStream_t stream);
+                               cudaStream_t stream, int split = 0);
+
+// The MoE prefill's form: for each tile p < *n_tiles of `tiles` (device; moe_sort.cuh's list: expert, row0,
+// rows <= kGroupedTileRows), rows [row0, row0 + rows) of xh (the slots in sorted order, [., K] packed) times
+// that expert; input row r's output goes to y row y_rows[r] (device), or row r when y_rows is null.
+// max_tiles: the room the launch covers (tiles past *n_tiles exit at once), at most 32767.
+cudaError_t gemv_quant_tiles(const QuantWeight& W, const GroupedTile* tiles, int max_tiles,
+                             const int* n_tiles, const void* xh, const float* factor, float* y, int64_t ldy,
+                             const int* y_rows, bool swiglu, cudaStream_t stream);
 
 // out [N, K] row-major in bf16 (natural row order, interleaved tiles undone): W's values, for cuBLASLt.
 cudaError_t dequantize_bf16(const QuantWeight& W, void* out, cudaStream_t stream);
