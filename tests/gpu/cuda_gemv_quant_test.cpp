@@ -294,20 +294,29 @@ TEST(CudaGemvQuant, GroupedDequantizationWidensEachExpert) {
   }
 }
 
+// NVFP4 experts of one shape stacked as QuantWeight's grouped form (expert e at the strides).
+DevQuant upload_stacked(const std::vector<HostQuant>& ex) {
+  std::vector<const model::Mat*> parts;
+  for (const auto& h : ex) parts.push_back(&h.m);
+  auto p = pack_quant(parts, false);
+  EXPECT_TRUE(p.is_ok()) << p.message();
+  if (!p.is_ok()) return {};
+  DevQuant d = upload(*p);
+  const int64_t N = ex[0].m.rows, K = ex[0].m.cols;
+  d.q.N = N;
+  d.q.codes_stride = N * K / 2;
+  d.q.scales_stride = N * K / 16;
+  d.q.row_stride = N;
+  return d;
+}
+
 TEST(CudaGemvQuant, GroupedRowsUseTheirExperts) {
   // Three experts of [64, 128] NVFP4 stacked; slots (2, 0, 2, 1) over two activation rows (x_div 2).
   const int64_t N = 64, K = 128, E = 3;
   std::vector<HostQuant> ex;
   for (int e = 0; e < E; ++e) ex.push_back(random_nvfp4(N, K, 40 + e));
-  std::vector<const model::Mat*> parts;
-  for (const auto& h : ex) parts.push_back(&h.m);
-  auto p = pack_quant(parts, false);
-  ASSERT_TRUE(p.is_ok()) << p.message();
-  DevQuant d = upload(*p);
-  d.q.N = N;
-  d.q.codes_stride = N * K / 2;
-  d.q.scales_stride = N * K / 16;
-  d.q.row_stride = N;
+  DevQuant d = upload_stacked(ex);
+  ASSERT_TRUE(d.codes);
   const std::vector<int> experts = {2, 0, 2, 1};
   DevBuf<int> de(experts);
   const auto x = random_x(2, K, 9);
@@ -334,15 +343,8 @@ TEST(CudaGemvQuant, TileRowsUseTheirExperts) {
   const int64_t N = 64, K = 128, E = 3, S = 102, X = 51;
   std::vector<HostQuant> ex;
   for (int e = 0; e < E; ++e) ex.push_back(random_nvfp4(N, K, 60 + e));
-  std::vector<const model::Mat*> parts;
-  for (const auto& h : ex) parts.push_back(&h.m);
-  auto p = pack_quant(parts, false);
-  ASSERT_TRUE(p.is_ok()) << p.message();
-  DevQuant d = upload(*p);
-  d.q.N = N;
-  d.q.codes_stride = N * K / 2;
-  d.q.scales_stride = N * K / 16;
-  d.q.row_stride = N;
+  DevQuant d = upload_stacked(ex);
+  ASSERT_TRUE(d.codes);
   const std::vector<GroupedTile> tiles = {{2, 0, 64}, {0, 64, 5}, {1, 69, 33}, {0, 0, 64}};
   std::vector<int> src(S), dst(S), expert_of(S);
   for (int64_t r = 0; r < S; ++r) {

@@ -3,8 +3,11 @@
 // backend against the CPU reference of record on the same files. The quantized GEMVs take fp16 activations
 // (and the MoE experts are widened to bf16 at load), so the tolerance is the default mode's: 1e-2 of the
 // largest |logit| up to kGemvSimtRows prompt tokens and for decode steps, where the CPU and CUDA differ only
-// by those roundings; longer prompts go through bf16 tensor-core attention and delta rule (as every fast-mode
-// model test) and are held to 5e-2 (MoE routers near a tie: 0.15, as cuda_model_test.cpp).
+// by those roundings (measured 5e-4 to 1.6e-3 on an H100). Longer prompts go through bf16 tensor-core
+// attention and delta rule, as every fast-mode model test, and drift from the fp32 CPU as bf16 checkpoints
+// do (cuda_model_test.cpp measured 0.03 dense, 0.28 MoE, 0.2 multimodal at 130 tokens): 64 tokens are held
+// to 5e-2, and 300 tokens (the widened dense weights on cuBLASLt and the experts' tile GEMV) to 0.1 dense
+// and 0.4 MoE (measured 0.028 to 0.052 dense, 0.2 to 0.3 MoE); a wrong layout or a lost row gives 1 or more.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -67,7 +70,10 @@ void expect_logits_match_cpu(const std::string& dir, const std::string& name) {
     ASSERT_TRUE(cuda.prefill(std::span<const PrefillItem>(&item, 1), got).is_ok());
     const double e = gpu_test::rel_err(got, want);
     std::printf("[ %s ] prompt of %zu: vs cpu %.3g\n", name.c_str(), n, e);
-    const double tol = n <= static_cast<size_t>(kGemvSimtRows) ? 1e-2 : moe ? 0.15 : 5e-2;
+    const double tol = n <= static_cast<size_t>(kGemvSimtRows) ? 1e-2
+                       : n <= 64                               ? (moe ? 0.15 : 5e-2)
+                       : moe                                   ? 0.4
+                                                               : 0.1;
     EXPECT_LE(e, tol) << name << " prompt of " << n;
   }
   // Decode steps after a 3-token prompt: the quantized GEMV at one row each step, replayed from the CUDA
