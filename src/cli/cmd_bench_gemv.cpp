@@ -1,11 +1,15 @@
-// `deltaflow bench --gemv FORMATS [--shapes NxK,...] [--rows LIST] [--iters N] [--json]`: the decode matmul
+// `deltaflow bench --gemv FORMATS [--shapes NxK,...] [--rows LIST] [--experts E] [--iters N] [--json]`: the
+// decode matmul
 // alone, as a weight stream against the copy bandwidth measured in the same run. Each point multiplies T
 // activation rows by an N x K matrix (y = x @ W.T) in one of the weight formats the model loads: bf16 (the
 // dense GEMV), nvfp4 (W4A16, E4M3 group-16 scales and a per-row second level) or fp8-block (E4M3 with
 // 128 x 128 block scales), both in the CUDA backend's device layout (backend/quant_pack.hpp) with random
 // codes. The bytes counted are those one call must move: codes and every scale, the fp16 activations and the
 // fp32 outputs. Enough copies of the matrix are cycled that they do not fit the L2 cache, so each call
-// streams from HBM as a model's decode step does.
+// streams from HBM as a model's decode step does. With --experts E (quantized formats): E stacked experts of
+// each shape (the MoE layers' grouped form) and `rows` routed slots of one token, each a different expert,
+// in one grouped GEMV (gemv_quant_grouped); successive calls route to the next experts, and the bytes
+// counted are the chosen experts'.
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -167,11 +171,70 @@ core::Expected<double> time_calls(const std::vector<DeviceMatrix>& mats, const s
   return rounds[rounds.size() / 2];
 }
 
+// The grouped form: one stack of E experts of shape s (one matrix of E * N rows in the same layout, at the
+// strides), `slots` slots of one token each to a different expert, calls cycling through the experts.
+core::Expected<Point> time_grouped(const std::string& format, Shape s, int64_t E, int slots, const void* x16,
+                                   const float* factor, float* y, int iters) {
+  if (format == "fp8-block" && s.n % 128 != 0)
+    return core::Error{"bench --gemv --experts: fp8-block experts need N a multiple of 128"};
+  auto stack = make_matrix(format, Shape{E * s.n, s.k}, 1);
+  if (!stack) return core::Error{stack.message()};
+  cu::QuantWeight q = stack->q;
+  q.N = s.n;
+  if (q.nvfp4) {
+    q.codes_stride = s.n * s.k / 2;
+    q.scales_stride = s.n * s.k / 16;
+    q.row_stride = s.n;
+  } else {
+    q.grid_stride = s.n / 128 * q.grid_cols;
+  }
+  constexpr int kCycle = 64;
+  std::vector<int> ids(static_cast<size_t>(kCycle * slots));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(static_cast<int64_t>(i) % E);
+  int* d_ids = nullptr;
+  cudaError_t e = cudaMalloc(&d_ids, ids.size() * 4);
+  if (e == cudaSuccess) e = cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (e == cudaSuccess) e = cudaEventCreate(&e0);
+  if (e == cudaSuccess) e = cudaEventCreate(&e1);
+  auto call = [&](int i) {
+    return cu::gemv_quant_grouped(q, d_ids + (i % kCycle) * slots, slots, x16, factor, slots, y, s.n, false,
+                                  nullptr);
+  };
+  std::vector<double> rounds;
+  for (int i = 0; i < kCycle && e == cudaSuccess; ++i) e = call(i);
+  for (int r = 0; r < 5 && e == cudaSuccess; ++r) {
+    cudaEventRecord(e0);
+    for (int i = 0; i < iters && e == cudaSuccess; ++i) e = call(i);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    rounds.push_back(ms * 1e-3 / iters);
+  }
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  cudaFree(d_ids);
+  cudaFree(stack->blob);
+  DF_CUDA_TRY(e);
+  std::sort(rounds.begin(), rounds.end());
+  Point p;
+  p.format = format;
+  p.shape = s;
+  p.rows = slots;
+  p.seconds = rounds[rounds.size() / 2];
+  const int64_t chosen = std::min<int64_t>(slots, E);
+  p.bytes = static_cast<double>(stack->bytes) / static_cast<double>(E) * static_cast<double>(chosen) +
+            static_cast<double>(s.k) * 2 + static_cast<double>(slots * s.n) * 4;
+  return p;
+}
+
 }  // namespace
 
 int cmd_bench_gemv(const Argv& argv) {
   const std::string cmd = "bench";
-  ArgSpec spec{{"--gemv", "--shapes", "--rows", "--iters"}, {"--json"}, 0};
+  ArgSpec spec{{"--gemv", "--shapes", "--rows", "--experts", "--iters"}, {"--json"}, 0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
   std::vector<std::string> formats;
@@ -189,13 +252,21 @@ int cmd_bench_gemv(const Argv& argv) {
   if (!shapes) return fail(cmd, shapes.message());
   auto rows = int_list(*args, "--rows", "1,4,8");
   if (!rows) return fail(cmd, rows.message());
+  auto experts = args->get_int("--experts", 0);
+  if (!experts || *experts < 0 || *experts > 1024) return fail(cmd, "flag --experts must be in [0, 1024]");
+  // Rows of one GEMV launch; with --experts, routed slots (one row each), up to a 256-token decode step's.
+  const int64_t max_rows = *experts > 0 ? 2048 : cu::kQuantGemvMaxRows;
   for (auto r : *rows)
-    if (r > cu::kQuantGemvMaxRows)
-      return fail(cmd, "flag --rows: at most " + std::to_string(cu::kQuantGemvMaxRows) + " rows, not " +
-                           std::to_string(r));
+    if (r < 1 || r > max_rows)
+      return fail(cmd,
+                  "flag --rows: from 1 to " + std::to_string(max_rows) + " rows, not " + std::to_string(r));
   auto iters = args->get_int("--iters", 100);
   if (!iters || *iters < 1 || *iters > 100000) return fail(cmd, "flag --iters must be in [1, 100000]");
   const bool json = args->has("--json");
+  if (*experts > 0)
+    for (const auto& f : formats)
+      if (f == "bf16")
+        return fail(cmd, "flag --experts: the grouped GEMV takes nvfp4 and fp8-block, not bf16");
 
   int dev = 0;
   cudaDeviceProp prop{};
@@ -225,6 +296,19 @@ int cmd_bench_gemv(const Argv& argv) {
   std::vector<Point> points;
   for (const auto& format : formats) {
     for (auto s : *shapes) {
+      if (*experts > 0) {
+        e = cu::stage_activations_f16(x32, s.k, 1, s.k, x16, factor, nullptr);
+        if (e != cudaSuccess) return fail_cuda(e);
+        for (auto r : *rows) {
+          auto p = time_grouped(format, s, *experts, static_cast<int>(r), x16, factor, y,
+                                static_cast<int>(*iters));
+          if (!p) return fail(cmd, p.message());
+          p->bw = p->bytes / p->seconds;
+          p->ratio = p->bw / *bw;
+          points.push_back(*p);
+        }
+        continue;
+      }
       // Copies enough to hold 3x the L2 cache, at least 2.
       auto first = make_matrix(format, s, 1);
       if (!first) return fail(cmd, first.message());

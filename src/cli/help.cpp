@@ -130,14 +130,19 @@ const std::map<std::string, Help>& table() {
          kDevice,
          kJson}}},
       {"bench --gemv",
-       {"deltaflow bench --gemv FORMATS [--shapes NxK,...] [--rows LIST] [--iters N] [--json]",
+       {"deltaflow bench --gemv FORMATS [--shapes NxK,...] [--rows LIST] [--experts E] [--iters N] [--json]",
         "The decode matmul alone: y = x @ W.T for a few rows, in each weight format, as a weight stream "
         "against the copy bandwidth measured in the same run (copies of W cycled past the L2 cache).",
         {{"--gemv FORMATS", "nvfp4, fp8-block and/or bf16, comma-separated (this mode)"},
          {"--shapes NxK,...",
           "matrix shapes, N output rows (multiple of 16) by K (of 64); default "
           "17408x5120,5120x17408 (the 27B MLP)"},
-         {"--rows LIST", "activation rows per call, at most 32 (default 1,4,8)"},
+         {"--rows LIST",
+          "activation rows per call, at most 32; with --experts routed slots, at most 2048 "
+          "(default 1,4,8)"},
+         {"--experts E",
+          "E stacked experts of each shape (nvfp4, fp8-block): --rows routed slots of one token, each to "
+          "another expert, in one grouped GEMV (the MoE decode's form)"},
          {"--iters N", "calls timed per round, median of 5 rounds (default 100)"},
          kJson}}},
       {"chat",

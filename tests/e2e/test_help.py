@@ -23,7 +23,8 @@ def engine_flags():
 def parser_flags(command):
     """The flags the command's Args::parse call accepts: the string literals of its ArgSpec, and the engine's
     flags when it calls add_engine_flags."""
-    name = {"bench --requests": "bench_serving", "bench --images": "bench_images"}.get(command, command.replace("-", "_"))
+    name = {"bench --requests": "bench_serving", "bench --images": "bench_images", "bench --gemv": "bench_gemv"}.get(
+        command, command.replace("-", "_"))
     src = open(os.path.join(SRC, "cmd_%s.cpp" % name)).read()
     m = re.search(r"ArgSpec spec\s*\{(.*?)\};", src, re.S) or re.search(r"Args::parse\(\s*argv,\s*(\{.*?\})\);", src, re.S)
     assert m, "no ArgSpec found for " + command
@@ -43,7 +44,7 @@ def test_top_level_help_lists_every_command():
         assert re.search(r"^  %s\s" % re.escape(c), p.stdout, re.M), c
 
 
-@pytest.mark.parametrize("command", COMMANDS + ("bench --requests", "bench --images"))
+@pytest.mark.parametrize("command", COMMANDS + ("bench --requests", "bench --images", "bench --gemv"))
 @pytest.mark.parametrize("flag", ("--help", "-h"))
 def test_help_lists_the_parsers_flags(command, flag):
     p = run(*command.split(), flag)

@@ -74,6 +74,11 @@ for w in $what; do
         done
       done
       ;;
+    gemvmoe)
+      section "bench --gemv --experts 256 (Qwen3.5-35B-A3B's expert shapes: gate_up, down)"
+      timeout 60 $BENCH --gemv nvfp4,fp8-block --shapes 1024x2048,2048x512 --experts 256 --rows 8,64 2>&1 |
+        tee "$OUT/bench_gemv_moe.txt"
+      ;;
     ncugemv)
       for rows in 1 8; do
         section "ncu: NVFP4 GEMV 17408x5120, $rows rows"

@@ -398,18 +398,19 @@ cudaError_t by_split_u(const QArgs& a, bool sw, int groups, int ks, cudaStream_t
   }
 }
 
-// Warps splitting K (KS): up to 8 rows, 8 (one output tile a block) whenever there are 8 column tiles. On
+// Warps splitting K (KS): up to 16 rows, 8 (one output tile a block) whenever there are 8 column tiles. On
 // an H100 (bench --gemv) that streams 17408x5120, 5120x17408 and 34816x5120 fastest of 1, 2, 4, 8 and 16
 // at 1 to 8 rows: a 4-bit GEMV's warp holds only U x 512 bytes in flight, so the launch wants many short
 // warps (NVFP4 at one row: 68%, 74%, 78% of the copy rate, against 58%, 37%, 71% with a split only for few
-// row tiles; U = 8 was slower). At 16 and 32 rows each warp's activation loads dominate and a split of 8
-// took up to 1.5x longer than 4.
+// row tiles; U = 8 was slower). At 16 rows 8 was faster than the old choice too (NVFP4 37% and 34% of the
+// copy rate against 28% and 23%); at 32 rows each warp's activation loads dominate and 8 took up to 1.5x
+// longer than 4.
 template <int TN>
 cudaError_t by_split(const QArgs& a, bool sw, int groups, int split, cudaStream_t s) {
   const int64_t tiles_k = a.w.K / 64;
   int ks = split ? split : forced_split();
   if (ks == 0) {
-    ks = TN == 1 ? 8 : 4;
+    ks = TN <= 2 ? 8 : 4;
     while (ks > 1 && tiles_k < ks) ks /= 2;
   }
   if (forced_unroll() == 8) return by_split_u<TN, 8>(a, sw, groups, ks, s);
