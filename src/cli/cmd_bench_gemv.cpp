@@ -136,27 +136,19 @@ struct Point {
   double seconds = 0, bytes = 0, bw = 0, ratio = 0;
 };
 
-// The median over 5 rounds of `iters` back-to-back calls, cycling the copies; seconds per call.
-core::Expected<double> time_calls(const std::vector<DeviceMatrix>& mats, const std::string& format, Shape s,
-                                  int T, const float* x32, const void* x16, const float* factor, float* y,
-                                  int iters) {
-  auto call = [&](const DeviceMatrix& m) -> cudaError_t {
-    if (format == "bf16")
-      return cu::gemv(m.bf16, core::DType::kBF16, s.n, s.k, x32, s.k, x16, T, cu::GemvOut{y, s.n, false, {}},
-                      nullptr);
-    return cu::gemv_quant(m.q, x16, factor, T, y, s.n, false, nullptr);
-  };
+// The median over 5 rounds of `iters` back-to-back calls call(i), after `warmup` untimed ones; seconds per
+// call.
+template <class Call>
+core::Expected<double> median_seconds(const Call& call, int warmup, int iters) {
   cudaEvent_t e0, e1;
   DF_CUDA_TRY(cudaEventCreate(&e0));
   DF_CUDA_TRY(cudaEventCreate(&e1));
   std::vector<double> rounds;
   cudaError_t err = cudaSuccess;
-  for (int i = 0; i < 2 * static_cast<int>(mats.size()) && err == cudaSuccess; ++i)
-    err = call(mats[static_cast<size_t>(i) % mats.size()]);
+  for (int i = 0; i < warmup && err == cudaSuccess; ++i) err = call(i);
   for (int r = 0; r < 5 && err == cudaSuccess; ++r) {
     cudaEventRecord(e0);
-    for (int i = 0; i < iters && err == cudaSuccess; ++i)
-      err = call(mats[static_cast<size_t>(i) % mats.size()]);
+    for (int i = 0; i < iters && err == cudaSuccess; ++i) err = call(i);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0;
@@ -169,6 +161,20 @@ core::Expected<double> time_calls(const std::vector<DeviceMatrix>& mats, const s
   DF_CUDA_TRY(err);
   std::sort(rounds.begin(), rounds.end());
   return rounds[rounds.size() / 2];
+}
+
+// One matrix, cycling the copies.
+core::Expected<double> time_calls(const std::vector<DeviceMatrix>& mats, const std::string& format, Shape s,
+                                  int T, const float* x32, const void* x16, const float* factor, float* y,
+                                  int iters) {
+  auto call = [&](int i) -> cudaError_t {
+    const DeviceMatrix& m = mats[static_cast<size_t>(i) % mats.size()];
+    if (format == "bf16")
+      return cu::gemv(m.bf16, core::DType::kBF16, s.n, s.k, x32, s.k, x16, T, cu::GemvOut{y, s.n, false, {}},
+                      nullptr);
+    return cu::gemv_quant(m.q, x16, factor, T, y, s.n, false, nullptr);
+  };
+  return median_seconds(call, 2 * static_cast<int>(mats.size()), iters);
 }
 
 // The grouped form: one stack of E experts of shape s (one matrix of E * N rows in the same layout, at the
@@ -192,38 +198,27 @@ core::Expected<Point> time_grouped(const std::string& format, Shape s, int64_t E
   std::vector<int> ids(static_cast<size_t>(kCycle * slots));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(static_cast<int64_t>(i) % E);
   int* d_ids = nullptr;
-  cudaError_t e = cudaMalloc(&d_ids, ids.size() * 4);
-  if (e == cudaSuccess) e = cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  if (e == cudaSuccess) e = cudaEventCreate(&e0);
-  if (e == cudaSuccess) e = cudaEventCreate(&e1);
+  if (cudaMalloc(&d_ids, ids.size() * 4) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(stack->blob);
+    return core::Error{"bench --gemv --experts: no GPU memory for the expert ids"};
+  }
   auto call = [&](int i) {
     return cu::gemv_quant_grouped(q, d_ids + (i % kCycle) * slots, slots, x16, factor, slots, y, s.n, false,
                                   nullptr);
   };
-  std::vector<double> rounds;
-  for (int i = 0; i < kCycle && e == cudaSuccess; ++i) e = call(i);
-  for (int r = 0; r < 5 && e == cudaSuccess; ++r) {
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters && e == cudaSuccess; ++i) e = call(i);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    rounds.push_back(ms * 1e-3 / iters);
-  }
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
+  cudaError_t up = cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+  auto sec = up == cudaSuccess
+                 ? median_seconds(call, kCycle, iters)
+                 : core::Expected<double>(core::Error{std::string("CUDA: ") + cudaGetErrorString(up)});
   cudaFree(d_ids);
   cudaFree(stack->blob);
-  DF_CUDA_TRY(e);
-  std::sort(rounds.begin(), rounds.end());
+  if (!sec) return core::Error{sec.message()};
   Point p;
   p.format = format;
   p.shape = s;
   p.rows = slots;
-  p.seconds = rounds[rounds.size() / 2];
+  p.seconds = *sec;
   const int64_t chosen = std::min<int64_t>(slots, E);
   p.bytes = static_cast<double>(stack->bytes) / static_cast<double>(E) * static_cast<double>(chosen) +
             static_cast<double>(s.k) * 2 + static_cast<double>(slots * s.n) * 4;
