@@ -36,6 +36,10 @@ int64_t nvfp4_padded_rows(int64_t rows) {
   return (rows + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows;
 }
 
+int64_t nvfp4_scales_bytes(int64_t rows, int64_t cols) {
+  return nvfp4_padded_rows(rows) * cols / 16;
+}
+
 int64_t nvfp4_tile_row(int64_t t, int r, int64_t rows, bool interleave) {
   if (interleave) {
     const int64_t I = rows / 2;
@@ -74,18 +78,19 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
     }
     const int64_t tiles_r = nvfp4_padded_rows(R) / kQuantTileRows, tiles_k = K / kQuantTileCols;
     p.codes_bytes = static_cast<size_t>(tiles_r * tiles_k * kNvfp4TileBytes);
-    p.scales_bytes = static_cast<size_t>(R * K / 16);
+    p.scales_bytes = static_cast<size_t>(nvfp4_scales_bytes(R, K));
     p.row_scales_n = static_cast<size_t>(R);
     if (layout_only) return p;
-    // Row n of the whole: its part's bytes.
-    std::vector<const uint8_t*> row_codes(static_cast<size_t>(R));
-    p.scales.resize(p.scales_bytes);
+    // Row n of the whole: its part's codes and scales.
+    std::vector<const uint8_t*> row_codes(static_cast<size_t>(R)), row_group_scales(static_cast<size_t>(R));
+    p.scales.assign(p.scales_bytes, 0);
     p.row_scales.resize(p.row_scales_n);
     int64_t r0 = 0;
     for (const model::Mat* m : parts) {
-      for (int64_t r = 0; r < m->rows; ++r)
+      for (int64_t r = 0; r < m->rows; ++r) {
         row_codes[static_cast<size_t>(r0 + r)] = static_cast<const uint8_t*>(m->row(r));
-      std::memcpy(p.scales.data() + r0 * K / 16, m->scale.data, static_cast<size_t>(m->rows * K / 16));
+        row_group_scales[static_cast<size_t>(r0 + r)] = static_cast<const uint8_t*>(m->scale.data) + r * K / 16;
+      }
       const float g = m->global_op == GlobalOp::kMultiply ? m->global_scale : 1.0f / m->global_scale;
       std::fill(p.row_scales.begin() + r0, p.row_scales.begin() + r0 + m->rows, g);
       r0 += m->rows;
@@ -101,6 +106,11 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
       for (int r = 0; r < kQuantTileRows; ++r) rows_of[r] = nvfp4_tile_row(t, r, R, interleave);
       for (int64_t kt = 0; kt < tiles_k; ++kt) {
         uint8_t* tile = p.codes.data() + (t * tiles_k + kt) * kNvfp4TileBytes;
+        uint8_t* tile_scales = p.scales.data() + (t * tiles_k + kt) * kNvfp4TileScaleBytes;
+        for (int r = 0; r < kQuantTileRows; ++r)
+          if (rows_of[r] >= 0)
+            std::memcpy(tile_scales + 8 * (r % 8) + 4 * (r / 8),
+                        row_group_scales[static_cast<size_t>(rows_of[r])] + kt * (kQuantTileCols / 16), 4);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, q = lane % 4;
           for (int j = 0; j < 4; ++j) {
@@ -177,6 +187,19 @@ uint8_t nvfp4_tile_code(const uint8_t* tiles, int64_t rows, int64_t cols, bool i
       uint32_t w;
       std::memcpy(&w, tiles + (t * tiles_k + kt) * kNvfp4TileBytes + sl.word_byte, 4);
       return static_cast<uint8_t>(((w >> sl.mag_bit) & 7) | (((w >> sl.sign_bit) & 1) << 3));
+    }
+  return 0xff;
+}
+
+uint8_t nvfp4_tile_scale(const uint8_t* scales, int64_t rows, int64_t cols, bool interleave, int64_t n,
+                         int64_t k) {
+  const int64_t tiles_r = nvfp4_padded_rows(rows) / kQuantTileRows, tiles_k = cols / kQuantTileCols;
+  for (int64_t t = 0; t < tiles_r; ++t)
+    for (int r = 0; r < kQuantTileRows; ++r) {
+      if (nvfp4_tile_row(t, r, rows, interleave) != n) continue;
+      const int64_t kt = k / kQuantTileCols;
+      return scales[(t * tiles_k + kt) * kNvfp4TileScaleBytes + 8 * (r % 8) + 4 * (r / 8) +
+                    (k % kQuantTileCols) / 16];
     }
   return 0xff;
 }

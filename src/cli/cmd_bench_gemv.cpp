@@ -88,7 +88,7 @@ core::Expected<DeviceMatrix> make_matrix(const std::string& format, Shape s, uin
     parts = {static_cast<size_t>(s.n * s.k * 2)};
   } else if (format == "nvfp4") {
     parts = {static_cast<size_t>(backend::nvfp4_padded_rows(s.n) * s.k / 2),
-             static_cast<size_t>(s.n * s.k / 16), static_cast<size_t>(s.n * 4)};
+             static_cast<size_t>(backend::nvfp4_scales_bytes(s.n, s.k)), static_cast<size_t>(s.n * 4)};
   } else {
     const int64_t grid = (s.n + 127) / 128 * ((s.k + 127) / 128);
     parts = {static_cast<size_t>(s.n * s.k), static_cast<size_t>(grid * 4)};
@@ -189,7 +189,7 @@ core::Expected<Point> time_grouped(const std::string& format, Shape s, int64_t E
   q.N = s.n;
   if (q.nvfp4) {
     q.codes_stride = s.n * s.k / 2;
-    q.scales_stride = s.n * s.k / 16;
+    q.scales_stride = backend::nvfp4_scales_bytes(s.n, s.k);
     q.row_stride = s.n;
   } else {
     q.grid_stride = s.n / 128 * q.grid_cols;

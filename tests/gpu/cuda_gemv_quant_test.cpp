@@ -305,7 +305,7 @@ DevQuant upload_stacked(const std::vector<HostQuant>& ex) {
   const int64_t N = ex[0].m.rows, K = ex[0].m.cols;
   d.q.N = N;
   d.q.codes_stride = N * K / 2;
-  d.q.scales_stride = N * K / 16;
+  d.q.scales_stride = nvfp4_scales_bytes(N, K);
   d.q.row_stride = N;
   return d;
 }

@@ -63,8 +63,27 @@ TEST(QuantPack, Nvfp4CodesLandWhereTheTilesSay) {
                   code_of(src, n % (rows / 2), k))
             << "row " << n << " column " << k << (interleave ? " interleaved" : "");
       }
-    // The scales stay row-major; each part's global scale on its rows.
-    EXPECT_EQ(std::memcmp(p->scales.data(), a.scales.data(), a.scales.size()), 0);
+    // The block scales follow the tiles: every element's scale where nvfp4_tile_scale reads it, ...
+    EXPECT_EQ(p->scales.size(), static_cast<size_t>(nvfp4_padded_rows(rows) * cols / 16));
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t k = 0; k < cols; ++k) {
+        const Nvfp4& src = n < rows / 2 ? a : b;
+        ASSERT_EQ(nvfp4_tile_scale(p->scales.data(), rows, cols, interleave, n, k),
+                  src.scales[static_cast<size_t>((n % (rows / 2)) * (cols / 16) + k / 16)])
+            << "row " << n << " column " << k << (interleave ? " interleaved" : "");
+      }
+    // ... which is, spelled out for one element and for the padding: tile t, column tile kt at 64 (t * 2 +
+    // kt) (2 column tiles), tile row r's four group scales at 8 (r % 8) + 4 (r / 8).
+    const int64_t n9 = interleave ? rows / 2 + 1 : 9;  // tile 0, tile row 9 either way
+    EXPECT_EQ(p->scales[64 * 1 + 8 * 1 + 4 + 2],
+              (n9 < rows / 2 ? a : b).scales[static_cast<size_t>((n9 % (rows / 2)) * (cols / 16) + 96 / 16)]);
+    if (!interleave) {  // rows 40..47 of tile 2 are padding: their scales are zero
+      for (int64_t kt = 0; kt < 2; ++kt)
+        for (int gq = 0; gq < 8; ++gq)
+          for (int c = 0; c < 4; ++c)
+            EXPECT_EQ(p->scales[static_cast<size_t>(64 * (2 * 2 + kt) + 8 * gq + 4 + c)], 0);
+    }
+    // Each part's global scale on its rows.
     EXPECT_EQ(p->row_scales.front(), 0.5f);
     EXPECT_EQ(p->row_scales.back(), 0.25f);
     auto sized = pack_quant(parts, interleave, /*layout_only=*/true);

@@ -263,7 +263,7 @@ class Layout {
         m.q.grid_stride = rows / m.q.block_rows * m.q.grid_cols;
       } else {
         m.q.codes_stride = nvfp4_padded_rows(rows) * cols / 2;
-        m.q.scales_stride = rows * cols / 16;
+        m.q.scales_stride = nvfp4_scales_bytes(rows, cols);
         m.q.row_stride = rows;
       }
       return m;
@@ -383,9 +383,10 @@ class Layout {
     q.codes = m.data = ptr(alloc(code_bytes));
     size_t total = code_bytes;
     if (q.nvfp4) {
-      q.scales = static_cast<const uint8_t*>(ptr(alloc(static_cast<size_t>(rows * cols / 16))));
+      const auto scale_bytes = static_cast<size_t>(nvfp4_scales_bytes(rows, cols));
+      q.scales = static_cast<const uint8_t*>(ptr(alloc(scale_bytes)));
       q.row_scales = static_cast<const float*>(ptr(alloc(static_cast<size_t>(rows) * 4)));
-      total += static_cast<size_t>(rows * cols / 16 + rows * 4);
+      total += scale_bytes + static_cast<size_t>(rows) * 4;
     } else {
       q.block_rows = block > 0 ? block : 1;
       q.block_cols = block > 0 ? block : cols;

@@ -159,10 +159,9 @@ __global__ void __launch_bounds__(kBlockThreads<KS, G>) kernel_gemv_nvfp4(QArgs 
     if (!enter_problem(a)) return;
   }
   const int64_t r_lo = active ? tile_row(a.w, t, g) : -1, r_hi = active ? tile_row(a.w, t, g + 8) : -1;
-  const int64_t sr_lo = r_lo < 0 ? 0 : r_lo, sr_hi = r_hi < 0 ? 0 : r_hi;
   const uint4* wt = reinterpret_cast<const uint4*>(a.w.codes) + (active ? t : 0) * tiles_k * 32 + lane;
-  const uint32_t* s_lo = reinterpret_cast<const uint32_t*>(a.w.scales + sr_lo * (a.w.K / 16));
-  const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(a.w.scales + sr_hi * (a.w.K / 16));
+  // The tile's scales (quant_pack.hpp): rows g and g + 8, 8 bytes; the warp's 64 bytes are contiguous.
+  const uint2* st = reinterpret_cast<const uint2*>(a.w.scales) + (active ? t : 0) * tiles_k * 8 + g;
   const __half* xr[TN];
 #pragma unroll
   for (int j = 0; j < TN; ++j) xr[j] = a.x + static_cast<int64_t>(min(j * 8 + g, a.T - 1)) * a.w.K + 4 * q;
@@ -184,14 +183,13 @@ __global__ void __launch_bounds__(kBlockThreads<KS, G>) kernel_gemv_nvfp4(QArgs 
   if (active) {
     for (int64_t k0 = kp; k0 < tiles_k; k0 += KS * U) {
       uint4 wv[U];
-      uint32_t sl[U], sh[U];
+      uint2 sv[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t kt = k0 + static_cast<int64_t>(u) * KS;
         const bool ok = kt < tiles_k;
         wv[u] = ok ? __ldcs(wt + kt * 32) : make_uint4(0, 0, 0, 0);
-        sl[u] = ok ? __ldg(s_lo + kt) : 0u;
-        sh[u] = ok ? __ldg(s_hi + kt) : 0u;
+        sv[u] = ok ? __ldcs(st + kt * 8) : make_uint2(0, 0);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -202,7 +200,7 @@ __global__ void __launch_bounds__(kBlockThreads<KS, G>) kernel_gemv_nvfp4(QArgs 
         for (int jg = 0; jg < 4; ++jg) {
           uint32_t av[4];
           nvfp4_word_to_f16(words[jg], av);
-          const float2 s = e4m3x2_to_float2(__byte_perm(sl[u], sh[u], jg | ((jg + 4) << 4)));
+          const float2 s = e4m3x2_to_float2(__byte_perm(sv[u].x, sv[u].y, jg | ((jg + 4) << 4)));
 #pragma unroll
           for (int j = 0; j < TN; ++j) {
             const uint2 b = __ldg(reinterpret_cast<const uint2*>(xr[j] + kt * 64 + jg * 16));
@@ -494,7 +492,7 @@ __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
     const int64_t kt = k / 64;
     const int kc = static_cast<int>(k % 64), j = kc / 16, q0 = (kc % 16) / 4;
     const uint32_t* tile = codes + (t * tiles_k + kt) * 128;
-    const float sb = e4m3_to_float(w.scales[n * (w.K / 16) + k / 16]) * w.row_scales[n];
+    const float sb = e4m3_to_float(w.scales[(t * tiles_k + kt) * 64 + 8 * g + 4 * hi + j]) * w.row_scales[n];
     float v[8];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -628,7 +626,7 @@ cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out,
 cudaError_t fill_quant_random(const QuantWeight& W, uint64_t seed, float scale, cudaStream_t stream) {
   auto* codes = const_cast<uint8_t*>(static_cast<const uint8_t*>(W.codes));
   if (W.nvfp4) {
-    const int64_t bytes = (W.N + 15) / 16 * 16 * W.K / 2, sb = W.N * W.K / 16;
+    const int64_t bytes = (W.N + 15) / 16 * 16 * W.K / 2, sb = (W.N + 15) / 16 * 16 * W.K / 16;
     kernel_fill_bytes<<<grid_for(bytes), 256, 0, stream>>>(codes, bytes, seed, 0);
     kernel_fill_bytes<<<grid_for(sb), 256, 0, stream>>>(const_cast<uint8_t*>(W.scales), sb, seed + 1, 2);
     kernel_fill_value<<<grid_for(W.N), 256, 0, stream>>>(const_cast<float*>(W.row_scales), W.N,

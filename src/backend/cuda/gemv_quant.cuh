@@ -25,7 +25,7 @@ inline constexpr int kQuantGemvMaxRows = 32;
 struct QuantWeight {
   bool nvfp4 = true;  // else FP8
   const void* codes = nullptr;
-  const uint8_t* scales = nullptr;    // NVFP4: E4M3 [N, K / 16]
+  const uint8_t* scales = nullptr;    // NVFP4: E4M3, one per 16 elements, tiled (quant_pack.hpp)
   const float* row_scales = nullptr;  // NVFP4: [N]
   const float* grid = nullptr;        // FP8: [grid_rows, grid_cols]
   int64_t grid_cols = 1, block_rows = 1, block_cols = 1;
