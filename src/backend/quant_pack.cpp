@@ -89,7 +89,8 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
     for (const model::Mat* m : parts) {
       for (int64_t r = 0; r < m->rows; ++r) {
         row_codes[static_cast<size_t>(r0 + r)] = static_cast<const uint8_t*>(m->row(r));
-        row_group_scales[static_cast<size_t>(r0 + r)] = static_cast<const uint8_t*>(m->scale.data) + r * K / 16;
+        row_group_scales[static_cast<size_t>(r0 + r)] =
+            static_cast<const uint8_t*>(m->scale.data) + r * K / 16;
       }
       const float g = m->global_op == GlobalOp::kMultiply ? m->global_scale : 1.0f / m->global_scale;
       std::fill(p.row_scales.begin() + r0, p.row_scales.begin() + r0 + m->rows, g);

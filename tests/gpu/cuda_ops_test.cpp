@@ -25,6 +25,7 @@
 #include "backend/cuda/gated_deltanet.cuh"
 #include "backend/cuda/gemm.hpp"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/gemv_quant.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/norm.cuh"
 #include "engine/sampler.hpp"
@@ -231,6 +232,40 @@ TEST_F(CudaOps, AddRmsNorm1pEqualsCpu) {
         EXPECT_EQ(from_bytes(dx16.download(), dt), want) << "16-bit n=" << n << " " << core::dtype_name(dt);
       }
     }
+  }
+}
+
+TEST_F(CudaOps, AddRmsNorm1pStagedIsNormThenStageBitForBit) {
+  // The fused form (a quantized GEMV's input staged in the norm's pass) against add_rmsnorm1p followed by
+  // stage_activations_f16: every output bit for bit. 2048 and 5120 take the fused vector kernel, 33 and 8196
+  // the two-launch fallback. Row 2 has one dominant element under a large weight, so that its normed
+  // maximum passes 2^15 and its staging is scaled down (factor > 1).
+  std::mt19937 rng(16);
+  for (int64_t n : {33, 2048, 5120, 8196}) {
+    const int64_t T = 5;
+    auto h = randn(rng, static_cast<size_t>(T * n)), y = randn(rng, static_cast<size_t>(T * n));
+    auto w = randn(rng, static_cast<size_t>(n), 0.1f);
+    w[3] = 10000.0f;
+    h[static_cast<size_t>(2 * n + 3)] = 1e4f;
+    DevBuf<float> dh1(h), dh2(h), dy(y), dw(w), dxn1(static_cast<size_t>(T * n)),
+        dxn2(static_cast<size_t>(T * n));
+    DevBuf<uint16_t> dxh1(static_cast<size_t>(T * n)), dxh2(static_cast<size_t>(T * n));
+    DevBuf<float> df1(static_cast<size_t>(T)), df2(static_cast<size_t>(T));
+    ASSERT_EQ(cu::add_rmsnorm1p_staged(dh1.get(), dy.get(), T, n, dw.get(), 1e-6f, dxn1.get(), dxh1.get(),
+                                       df1.get(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cu::add_rmsnorm1p(dh2.get(), dy.get(), T, n, dw.get(), 1e-6f, dxn2.get(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(
+        cu::stage_activations_f16(dxn2.get(), n, static_cast<int>(T), n, dxh2.get(), df2.get(), nullptr),
+        cudaSuccess);
+    EXPECT_EQ(dh1.download(), dh2.download()) << "residual, n=" << n;
+    EXPECT_EQ(dxn1.download(), dxn2.download()) << "xn, n=" << n;
+    EXPECT_EQ(dxh1.download(), dxh2.download()) << "staged fp16, n=" << n;
+    const auto f = df1.download();
+    EXPECT_EQ(f, df2.download()) << "factors, n=" << n;
+    EXPECT_GT(f[2], 1.0f) << "n=" << n;
+    EXPECT_EQ(f[0], 1.0f) << "n=" << n;
   }
 }
 

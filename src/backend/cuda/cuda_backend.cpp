@@ -1156,14 +1156,32 @@ cudaError_t CudaBackend::stage_x16(const float* x, int64_t ldx, int64_t T, int64
   return convert_rows(x, ldx, T, K, ws_.x16, dtype, stream_);
 }
 
-core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, const DMat* next) {
+cudaError_t CudaBackend::stage_xq(const float* x, int64_t ldx, int64_t T, int64_t K) {
+  const XqHolds& h = xq_holds_;
+  if (x == h.src && ldx == K && h.rows == T && h.cols == K) return cudaSuccess;
+  xq_holds_ = {};
+  return stage_activations_f16(x, ldx, static_cast<int>(T), K, ws_.xq, ws_.xq_factor, stream_);
+}
+
+bool CudaBackend::reads_staged_rows(int64_t n, const DMat* next) const {
+  if (!next || next->cols != config_.hidden_size || n > kQuantGemvMaxRows) return false;
+  const auto quant_gemv = [&](const DMat& m) { return m.quantized && !takes_gemm(n, m); };
+  if (next->parts.empty()) return quant_gemv(*next);
+  return std::all_of(next->parts.begin(), next->parts.end(), quant_gemv);
+}
+
+core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, const DMat* next, bool staged) {
   const int64_t H = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  x16_holds_ = {};
+  xq_holds_ = {};
   if (next && next->cols == H && takes_gemm(n, *next)) {
     x16_holds_ = {ws_.xn, n, H, gemm_type(*next)};
     DF_CUDA_TRY(add_rmsnorm1p_16(ws_.h, y, n, H, w, eps, ws_.x16, gemm_type(*next), stream_));
+  } else if ((staged || reads_staged_rows(n, next)) && static_cast<size_t>(n) <= ws_.xq_rows) {
+    xq_holds_ = {ws_.xn, n, H};
+    DF_CUDA_TRY(add_rmsnorm1p_staged(ws_.h, y, n, H, w, eps, ws_.xn, ws_.xq, ws_.xq_factor, stream_));
   } else {
-    x16_holds_ = {};
     DF_CUDA_TRY(add_rmsnorm1p(ws_.h, y, n, H, w, eps, ws_.xn, stream_));
   }
   return core::Status();
@@ -1235,7 +1253,7 @@ core::Status CudaBackend::linear_quant(const float* x, int64_t ldx, int64_t T, c
                        " columns"};
   for (int64_t t0 = 0; t0 < T; t0 += kQuantGemvMaxRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kQuantGemvMaxRows, T - t0));
-    DF_CUDA_TRY(stage_activations_f16(x + t0 * ldx, ldx, rows, W.cols, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(stage_xq(x + t0 * ldx, ldx, rows, W.cols));
     DF_CUDA_TRY(gemv_quant(W.q, ws_.xq, ws_.xq_factor, rows, y + t0 * ldy, ldy, swiglu, stream_));
   }
   return core::Status();
@@ -1611,12 +1629,12 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   return moe_shared_and_combine(L, n);
 }
 
-core::Status CudaBackend::moe_shared_and_combine(const DLayer& L, int64_t n) {
+core::Status CudaBackend::moe_shared_and_combine(const DLayer& L, int64_t n, bool gate_up_done) {
   // Shared expert, gated by sigmoid(x . shared_expert_gate).
   const int64_t H = config_.hidden_size, K = config_.num_experts_per_tok, Is = L.shared_down.cols;
   prof_.mark("moe shared expert", stream_);
   if (n <= kGemvMaxRows) {
-    DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.act, Is, false, /*swiglu=*/true));
+    if (!gate_up_done) DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.act, Is, false, /*swiglu=*/true));
     DF_TRY(linear(ws_.act, Is, n, L.shared_down, ws_.y_shared, H));
   } else if (mlp_in_16bit(n, L.shared_gu, L.shared_down)) {
     DF_TRY(mlp_16bit(n, L.shared_gu, L.shared_down, ws_.y_shared, "moe shared expert", "moe shared expert"));
@@ -1647,17 +1665,25 @@ core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
   if (static_cast<size_t>(nk) > ws_.xq_rows)
     return core::Error{"cuda backend: internal: the quantized experts' staging does not hold this step"};
   if (n <= kDecodeMaxRows) {
+    // xn's staging (add_norm made it) serves the routed gate/up and then the shared expert's, before the
+    // routed down projection's staging takes its place.
     prof_.mark("moe gate_up", stream_);
-    DF_CUDA_TRY(stage_activations_f16(ws_.xn, H, static_cast<int>(n), H, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(stage_xq(ws_.xn, H, n, H));
     DF_CUDA_TRY(gemv_quant_grouped(L.experts_gu.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor,
                                    static_cast<int>(K), ws_.act_s, Im, /*swiglu=*/true, stream_));
+    const bool shared_gu = n <= kGemvMaxRows;
+    if (shared_gu) {
+      prof_.mark("moe shared expert", stream_);
+      DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.act, L.shared_down.cols, false, /*swiglu=*/true));
+    }
     prof_.mark("moe down", stream_);
-    DF_CUDA_TRY(stage_activations_f16(ws_.act_s, Im, slots, Im, ws_.xq, ws_.xq_factor, stream_));
+    DF_CUDA_TRY(stage_xq(ws_.act_s, Im, slots, Im));
     DF_CUDA_TRY(gemv_quant_grouped(L.experts_down.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor, 1, ws_.y_slot,
                                    H, false, stream_));
-    return moe_shared_and_combine(L, n);
+    return moe_shared_and_combine(L, n, shared_gu);
   }
   prof_.mark("moe experts", stream_);
+  xq_holds_ = {};
   auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
   int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
   int* n_live = scratch + moe_sort_scratch_ints(E);
@@ -1692,7 +1718,8 @@ core::Status CudaBackend::run_layers(int64_t n, std::span<const RowSegment> segs
     DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
     prof_.mark("add+rmsnorm", stream_);
     // The MoE block reads xn in fp32 (router, expert rows); a dense FFN only through gate_up.
-    DF_TRY(add_norm(ws_.y, n, L.post_norm, L.is_moe ? nullptr : &L.gate_up));
+    DF_TRY(add_norm(ws_.y, n, L.post_norm, L.is_moe ? nullptr : &L.gate_up,
+                    L.is_moe && L.experts_gu.quantized && n <= kDecodeMaxRows));
     DF_TRY(ffn(L, n));
     DF_TRY(reduce_partial(ws_.y, n));  // after down_proj / the MoE combine
   }

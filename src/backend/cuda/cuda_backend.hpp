@@ -233,8 +233,9 @@ class CudaBackend final : public SequenceBackend {
   core::Status full_attention(const DLayer& L, int64_t n, std::span<const RowSegment> segs);
   core::Status ffn(const DLayer& L, int64_t n);
   core::Status moe(const DLayer& L, int64_t n);
-  core::Status moe_quant(const DLayer& L, int64_t n);               // quantized routed experts
-  core::Status moe_shared_and_combine(const DLayer& L, int64_t n);  // after the routed experts
+  core::Status moe_quant(const DLayer& L, int64_t n);  // quantized routed experts
+  // After the routed experts; gate_up_done: the shared expert's gate/up already ran (into ws_.act).
+  core::Status moe_shared_and_combine(const DLayer& L, int64_t n, bool gate_up_done = false);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).
   // swiglu: W is [gate | up] and y receives silu(gate) * up ([T, W.rows / 2]); decode row counts only.
   // conv (T <= kGemvSimtRows only): the conv1d decode step as the GEMV's epilogue.
@@ -242,7 +243,13 @@ class CudaBackend final : public SequenceBackend {
                       bool force_fp32 = false, bool swiglu = false, const GemvConv& conv = {});
   // h += y (none: null), then the (1 + w) RMSNorm of h's n rows into ws_.xn; or, when `next` (the one matmul
   // that reads them) runs on cuBLASLt, straight into ws_.x16 in its type, which stage_x16 then finds there.
-  core::Status add_norm(const float* y, int64_t n, const float* w, const DMat* next);
+  // With `staged` (a quantized GEMV reads xn: next, or the MoE's quantized experts), xn's rows are staged
+  // for it in the same pass (add_rmsnorm1p_staged), and stage_xq finds them there.
+  core::Status add_norm(const float* y, int64_t n, const float* w, const DMat* next, bool staged = false);
+  // ws_.xq / ws_.xq_factor = x [T, K] staged for a quantized GEMV, unless xq_holds_ says they are there.
+  cudaError_t stage_xq(const float* x, int64_t ldx, int64_t T, int64_t K);
+  // Whether `next`, a matmul over n rows of xn, runs the quantized GEMV over one staging of all n rows.
+  bool reads_staged_rows(int64_t n, const DMat* next) const;
   // ws_.x16 = x [T, K] rounded to dtype, unless x16_holds_ says it is there already.
   cudaError_t stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype);
   // Whether linear() over T rows of W runs cuBLASLt, on its input rounded to W's 16-bit type in ws_.x16.
@@ -347,6 +354,10 @@ class CudaBackend final : public SequenceBackend {
     int64_t rows = 0, cols = 0;
     core::DType type = core::DType::kBF16;
   } x16_holds_;
+  struct XqHolds {  // what ws_.xq holds: the staging of x [rows, cols] packed (add_norm's xn only)
+    const float* src = nullptr;
+    int64_t rows = 0, cols = 0;
+  } xq_holds_;
   int64_t max_rows_ = 0;       // tokens one forward takes (prefill chunk, or a decode bucket)
   int64_t moe_tile_room_ = 0;  // GroupedTile entries ws_.moe_tiles holds (the sort's scratch after them)
   int max_splits_ = 1;

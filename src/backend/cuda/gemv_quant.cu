@@ -10,6 +10,7 @@
 #include "backend/cuda/gemv_quant.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/stage_f16.cuh"
 
 namespace deltaflow::backend::cuda {
 namespace {
@@ -445,12 +446,7 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   float amax = 0.0f;
   for (int i = 0; i < (blockDim.x >> 5); ++i) amax = fmaxf(amax, red[i]);
-  int e = 0;
-  if (isfinite(amax) && amax >= 32768.0f) {
-    int ex;
-    frexpf(amax, &ex);  // amax < 2^ex
-    e = ex - 15;
-  }
+  const int e = f16_stage_exponent(amax);
   const float down = ldexpf(1.0f, -e);
   if (threadIdx.x == 0) factor[t] = ldexpf(1.0f, e);
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xh[t * K + k] = __float2half_rn(row[k] * down);
