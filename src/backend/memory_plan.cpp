@@ -133,10 +133,9 @@ struct ExpertPack {
   PackedQuant one;
 };
 
-ExpertPack expert_pack(const model::TextConfig& c, const std::string& m, int64_t rows, int64_t cols,
+ExpertPack expert_pack(const model::TextConfig& c, const std::string& base, int64_t rows, int64_t cols,
                        bool gate_up, bool exact) {
   ExpertPack e;
-  const std::string base = m + "experts.0.";
   std::vector<model::Mat> parts;
   if (gate_up)
     parts = {planned_mat(c, base + "gate_proj", rows, cols, core::DType::kBF16),
@@ -212,18 +211,26 @@ size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core:
         add_matrix(s, {router}, E, H, false, true);
         add_matrix(s, {sgate}, 1, H, false, true);
       }
-      const ExpertPack gu = expert_pack(c, m, Im, H, true, exact),
-                       dn = expert_pack(c, m, H, Im, false, exact);
+      const std::string e0 = m + "experts.0.", sh = m + "shared_expert.";
+      const ExpertPack gu = expert_pack(c, e0, Im, H, true, exact),
+                       dn = expert_pack(c, e0, H, Im, false, exact);
+      bool stacked = false;  // the shared expert as expert E of the stacks (CudaBackend's shared_in_stack)
+      if (gu.packs && dn.packs && Is == Im) {
+        const ExpertPack sgu = expert_pack(c, sh, Is, H, true, exact),
+                         sdn = expert_pack(c, sh, H, Is, false, exact);
+        stacked = sgu.packs && sdn.packs && same_layout(sgu.one, gu.one) && same_layout(sdn.one, dn.one);
+      }
       if (gu.packs && dn.packs) {
-        // Quantized experts in the kernels' layout, E copies of one expert's arrays; the shared expert in
-        // its own format.
+        // Quantized experts in the kernels' layout, E (or E + 1) copies of one expert's arrays; else the
+        // shared expert in its own format.
+        const size_t n = static_cast<size_t>(E + (stacked ? 1 : 0));
         for (const ExpertPack* e : {&gu, &dn}) {
-          s.add(e->one.codes_bytes * static_cast<size_t>(E));
+          s.add(e->one.codes_bytes * n);
           if (e->one.format == model::quant::WeightFormat::kNvfp4) {
-            s.add(e->one.scales_bytes * static_cast<size_t>(E));
-            s.add(e->one.row_scales_n * 4 * static_cast<size_t>(E));
+            s.add(e->one.scales_bytes * n);
+            s.add(e->one.row_scales_n * 4 * n);
           } else {
-            s.add(e->one.grid_n * 4 * static_cast<size_t>(E));
+            s.add(e->one.grid_n * 4 * n);
           }
         }
       } else {
@@ -231,9 +238,11 @@ size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core:
         add_matrix(s, {dn.mat}, E * H, Im, false, true);
       }
       const bool shared_float = !(gu.packs && dn.packs);
-      add_matrix(s, {lin(m + "shared_expert.gate_proj", Is, H), lin(m + "shared_expert.up_proj", Is, H)},
-                 2 * Is, H, true, shared_float);
-      add_matrix(s, {lin(m + "shared_expert.down_proj", H, Is)}, H, Is, false, shared_float);
+      if (!stacked) {
+        add_matrix(s, {lin(sh + "gate_proj", Is, H), lin(sh + "up_proj", Is, H)}, 2 * Is, H, true,
+                   shared_float);
+        add_matrix(s, {lin(sh + "down_proj", H, Is)}, H, Is, false, shared_float);
+      }
     }
   }
   return s.size();

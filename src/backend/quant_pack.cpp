@@ -36,6 +36,13 @@ int64_t nvfp4_padded_rows(int64_t rows) {
   return (rows + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows;
 }
 
+bool same_layout(const PackedQuant& a, const PackedQuant& b) {
+  return a.format == b.format && a.interleave == b.interleave && a.rows == b.rows && a.cols == b.cols &&
+         a.codes_bytes == b.codes_bytes && a.scales_bytes == b.scales_bytes &&
+         a.row_scales_n == b.row_scales_n && a.grid_n == b.grid_n && a.grid_rows == b.grid_rows &&
+         a.grid_cols == b.grid_cols && a.block_rows == b.block_rows && a.block_cols == b.block_cols;
+}
+
 int64_t nvfp4_scales_bytes(int64_t rows, int64_t cols) {
   return nvfp4_padded_rows(rows) * cols / 16;
 }

@@ -55,6 +55,10 @@ int64_t nvfp4_tile_row(int64_t t, int r, int64_t rows, bool interleave);
 // Bytes of the tiled block scales: one per 16 elements of the padded rows.
 int64_t nvfp4_scales_bytes(int64_t rows, int64_t cols);
 
+// Whether two packed matrices have one layout (format, shape, array sizes and scale grids): what a stack of
+// experts needs.
+bool same_layout(const PackedQuant& a, const PackedQuant& b);
+
 // The quantized matrices `parts` (one format, the same columns) stacked as one matrix in the device layout.
 // An error says why they cannot be one (a shape the kernels do not take, formats or scale grids that differ),
 // and the caller keeps them apart or widens them to bf16.

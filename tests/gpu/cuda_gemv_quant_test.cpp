@@ -336,6 +336,36 @@ TEST(CudaGemvQuant, GroupedRowsUseTheirExperts) {
   }
 }
 
+TEST(CudaGemvQuant, ExtraProblemsUseTheFixedExpert) {
+  // The shared expert's form: slots (2, 0, 1, 1) over two activation rows (x_div 2), then 3 extra problems
+  // of expert 3 over activation rows 1, 2, 3 (x0 1), written to y rows 4, 5, 6. Rows 4 ..: past the routed
+  // problems' own rows, as the MoE decode step lays them out.
+  const int64_t N = 64, K = 128, E = 4;
+  std::vector<HostQuant> ex;
+  for (int e = 0; e < E; ++e) ex.push_back(random_nvfp4(N, K, 80 + e));
+  DevQuant d = upload_stacked(ex);
+  ASSERT_TRUE(d.codes);
+  const std::vector<int> experts = {2, 0, 1, 1};
+  DevBuf<int> de(experts);
+  const auto x = random_x(4, K, 17);
+  DevBuf<float> dx(x), factor(4), y(7 * N);
+  DevBuf<__half> xh(4 * K);
+  ASSERT_EQ(stage_activations_f16(dx.get(), K, 4, K, xh.get(), factor.get(), nullptr), cudaSuccess);
+  ASSERT_EQ(gemv_quant_grouped(d.q, de.get(), 4, xh.get(), factor.get(), 2, y.get(), N, false, nullptr, 0,
+                               GroupedExtra{3, 3, 1}),
+            cudaSuccess);
+  const auto got = y.download();
+  const auto xs = staged(x, 4, K);
+  for (int g = 0; g < 7; ++g) {
+    const int64_t xr = g < 4 ? g / 2 : 1 + (g - 4);
+    const int e = g < 4 ? experts[static_cast<size_t>(g)] : 3;
+    const std::vector<double> xg(xs.begin() + xr * K, xs.begin() + (xr + 1) * K);
+    const auto want = reference(dequant(ex[static_cast<size_t>(e)].m), N, K, xg, 1, false);
+    const std::vector<float> row(got.begin() + g * N, got.begin() + (g + 1) * N);
+    EXPECT_LE(gpu_test::rel_err(row, want), kTol) << "problem " << g;
+  }
+}
+
 TEST(CudaGemvQuant, TileRowsUseTheirExperts) {
   // Three experts of [64, 128] NVFP4 stacked; 102 slot rows gathered from 51 token rows, in tiles of 64
   // (both halves), 5 and 33 rows; a fourth tile in the room past n_tiles must be left alone. Each input row

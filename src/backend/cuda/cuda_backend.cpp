@@ -312,13 +312,6 @@ class Layout {
     return m;
   }
 
-  static bool same_layout(const PackedQuant& a, const PackedQuant& b) {
-    return a.format == b.format && a.interleave == b.interleave && a.cols == b.cols &&
-           a.codes_bytes == b.codes_bytes && a.scales_bytes == b.scales_bytes &&
-           a.row_scales_n == b.row_scales_n && a.grid_n == b.grid_n && a.grid_rows == b.grid_rows &&
-           a.grid_cols == b.grid_cols && a.block_rows == b.block_rows && a.block_cols == b.block_cols;
-  }
-
   // Places the experts' packed matrices one after another in each array: codes, then scales and row scales
   // (NVFP4) or the grid (FP8), expert e at e times one expert's size.
   DMat place_experts(std::vector<PackedQuant> packs) {
@@ -450,6 +443,19 @@ class Layout {
   std::vector<Job> jobs_;
 };
 
+// Expert e of a quantized stack (QuantWeight's grouped form) as a matrix of its own.
+DMat expert_view(const DMat& stack, int64_t e) {
+  DMat v = stack;
+  QuantWeight& q = v.q;
+  q.codes = static_cast<const uint8_t*>(q.codes) + e * q.codes_stride;
+  if (q.scales) q.scales += e * q.scales_stride;
+  if (q.row_scales) q.row_scales += e * q.row_stride;
+  if (q.grid) q.grid += e * q.grid_stride;
+  q.codes_stride = q.scales_stride = q.row_stride = q.grid_stride = 0;
+  v.data = q.codes;
+  return v;
+}
+
 // Lays out every weight of the model; w == nullptr: synthetic.
 core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeights* w, Layout& lay,
                              DMat& embed, DMat& lm_head, float*& final_norm, float*& inv_freq,
@@ -559,16 +565,37 @@ core::Status lay_out_weights(const model::TextConfig& c, const model::ModelWeigh
       }
       lay.set_float_only(false);
       const bool qe = lay.experts_pack(gu, E, 2 * Im, H, true) && lay.experts_pack(dn, E, H, Im, false);
-      DF_ASSIGN(L.experts_gu, lay.experts(gu, E, 2 * Im, H, hs, what + " experts gate/up", true, qe));
+      // Quantized experts take the shared expert as expert E of their stacks when it has their shape and
+      // layout (the published NVFP4 and FP8 checkpoints: one scheme for every MLP).
+      if (qe && Is == Im) {
+        auto gu1 = gu, dn1 = dn;
+        if (lw) {
+          gu1.push_back(sgu);
+          dn1.push_back(sdn);
+        }
+        L.shared_in_stack =
+            lay.experts_pack(gu1, E + 1, 2 * Im, H, true) && lay.experts_pack(dn1, E + 1, H, Im, false);
+        if (L.shared_in_stack) {
+          gu = std::move(gu1);
+          dn = std::move(dn1);
+        }
+      }
+      const int64_t Es = E + (L.shared_in_stack ? 1 : 0);
+      DF_ASSIGN(L.experts_gu, lay.experts(gu, Es, 2 * Im, H, hs, what + " experts gate/up", true, qe));
       L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements (or the strides)
-      DF_ASSIGN(L.experts_down, lay.experts(dn, E, H, Im, 1.0f / std::sqrt(static_cast<float>(Im)),
+      DF_ASSIGN(L.experts_down, lay.experts(dn, Es, H, Im, 1.0f / std::sqrt(static_cast<float>(Im)),
                                             what + " experts down", false, qe));
       L.experts_down.rows = H;
-      lay.set_float_only(!qe);
-      DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
-      DF_ASSIGN(L.shared_down,
-                lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
-      lay.set_float_only(false);
+      if (L.shared_in_stack) {
+        L.shared_gu = expert_view(L.experts_gu, E);
+        L.shared_down = expert_view(L.experts_down, E);
+      } else {
+        lay.set_float_only(!qe);
+        DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
+        DF_ASSIGN(L.shared_down, lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)),
+                                         what + " shared expert down"));
+        lay.set_float_only(false);
+      }
     }
     layers.push_back(L);
   }
@@ -1665,22 +1692,33 @@ core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
   if (static_cast<size_t>(nk) > ws_.xq_rows)
     return core::Error{"cuda backend: internal: the quantized experts' staging does not hold this step"};
   if (n <= kDecodeMaxRows) {
-    // xn's staging (add_norm made it) serves the routed gate/up and then the shared expert's, before the
-    // routed down projection's staging takes its place.
+    // xn's staging (add_norm made it) serves the routed gate/up and the shared expert's. With the shared
+    // expert in the stacks (expert E) it is n more problems of the grouped GEMVs: rows slots .. slots + n of
+    // act_s and y_slot, then moe_combine's shared term. Else its gate/up runs next, on the same staging.
+    const int shared =
+        L.shared_in_stack && slots + n <= moe_host_rows_ && static_cast<size_t>(slots + n) <= ws_.xq_rows
+            ? static_cast<int>(n)
+            : 0;
+    const int Ei = static_cast<int>(E);
     prof_.mark("moe gate_up", stream_);
     DF_CUDA_TRY(stage_xq(ws_.xn, H, n, H));
     DF_CUDA_TRY(gemv_quant_grouped(L.experts_gu.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor,
-                                   static_cast<int>(K), ws_.act_s, Im, /*swiglu=*/true, stream_));
-    const bool shared_gu = n <= kGemvMaxRows;
+                                   static_cast<int>(K), ws_.act_s, Im, /*swiglu=*/true, stream_, 0,
+                                   GroupedExtra{shared, Ei, 0}));
+    const bool shared_gu = !shared && n <= kGemvMaxRows;
     if (shared_gu) {
       prof_.mark("moe shared expert", stream_);
       DF_TRY(linear(ws_.xn, H, n, L.shared_gu, ws_.act, L.shared_down.cols, false, /*swiglu=*/true));
     }
     prof_.mark("moe down", stream_);
-    DF_CUDA_TRY(stage_xq(ws_.act_s, Im, slots, Im));
+    DF_CUDA_TRY(stage_xq(ws_.act_s, Im, slots + shared, Im));
     DF_CUDA_TRY(gemv_quant_grouped(L.experts_down.q, ws_.moe_ids, slots, ws_.xq, ws_.xq_factor, 1, ws_.y_slot,
-                                   H, false, stream_));
-    return moe_shared_and_combine(L, n, shared_gu);
+                                   H, false, stream_, 0, GroupedExtra{shared, Ei, slots}));
+    if (!shared) return moe_shared_and_combine(L, n, shared_gu);
+    prof_.mark("moe combine", stream_);
+    DF_CUDA_TRY(moe_combine(ws_.y_slot, ws_.moe_w, n, static_cast<int>(K), H, ws_.y_slot + slots * H,
+                            ws_.shared_gate, ws_.y, stream_));
+    return core::Status();
   }
   prof_.mark("moe experts", stream_);
   xq_holds_ = {};

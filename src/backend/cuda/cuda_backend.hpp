@@ -105,6 +105,9 @@ struct DLayer {
   DMat shared_gu;     // [2Is, H]
   DMat shared_down;   // [H, Is]
   DMat shared_gate;   // [1, H]: a view of router_gate's last row, or its own matrix
+  // Quantized experts: the shared expert is expert E of the stacks (same shape and layout), shared_gu and
+  // shared_down views of it, so that a decode step's grouped GEMVs run it with the routed experts.
+  bool shared_in_stack = false;
 };
 
 struct MemoryPlan {

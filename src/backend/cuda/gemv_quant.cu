@@ -35,6 +35,9 @@ struct QArgs {
   const int* n_tiles = nullptr;
   const int* y_rows = nullptr;  // output row of input row r (else r)
   int64_t row0 = 0;             // the problem's first input row
+  // The grouped form: problems from n_routed on use expert extra_expert and activation row extra_x0 + i.
+  int n_routed = 0, extra_expert = 0;
+  int64_t extra_x0 = 0;
 };
 
 constexpr int kTileHalf = kQuantGemvMaxRows;
@@ -104,9 +107,11 @@ __device__ __forceinline__ bool enter_problem(QArgs& a) {
     a.factor += a.row0;
   } else {
     const int g = blockIdx.y;
-    e = a.expert[g];
-    a.x += static_cast<int64_t>(g / a.x_div) * a.w.K;
-    a.factor += g / a.x_div;
+    const bool routed = g < a.n_routed;
+    e = routed ? a.expert[g] : a.extra_expert;
+    const int64_t xr = routed ? g / a.x_div : a.extra_x0 + (g - a.n_routed);
+    a.x += xr * a.w.K;
+    a.factor += xr;
     a.y += static_cast<int64_t>(g) * a.ldy;
   }
   a.w.codes = static_cast<const uint8_t*>(a.w.codes) + e * a.w.codes_stride;
@@ -578,10 +583,14 @@ cudaError_t gemv_quant(const QuantWeight& W, const void* xh, const float* factor
 
 cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int groups, const void* xh,
                                const float* factor, int x_div, float* y, int64_t ldy, bool swiglu,
-                               cudaStream_t stream, int split) {
-  if (!expert) return cudaErrorInvalidValue;
+                               cudaStream_t stream, int split, const GroupedExtra& extra) {
+  if (!expert || groups < 0 || extra.problems < 0 || extra.expert < 0 || extra.x0 < 0)
+    return cudaErrorInvalidValue;
   QArgs a{W, expert, x_div, static_cast<const __half*>(xh), factor, 1, y, ldy, 0};
-  return run(a, swiglu, groups, split, stream);
+  a.n_routed = groups;
+  a.extra_expert = extra.expert;
+  a.extra_x0 = extra.x0;
+  return run(a, swiglu, groups + extra.problems, split, stream);
 }
 
 cudaError_t gemv_quant_tiles(const QuantWeight& W, const GroupedTile* tiles, int max_tiles,

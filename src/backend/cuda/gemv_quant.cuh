@@ -50,11 +50,20 @@ cudaError_t stage_activations_f16_rows(const float* x, int64_t ldx, const int* r
 cudaError_t gemv_quant(const QuantWeight& W, const void* xh, const float* factor, int T, float* y,
                        int64_t ldy, bool swiglu, cudaStream_t stream, int split = 0);
 
+// Problems of one fixed expert after a grouped form's routed ones (the MoE's shared expert as expert E of
+// the stack): problem groups + i multiplies expert `expert` with activation row x0 + i, writes y row
+// groups + i.
+struct GroupedExtra {
+  int problems = 0;
+  int expert = 0;
+  int64_t x0 = 0;
+};
+
 // The grouped form, for MoE slots: problem g multiplies expert expert[g] with activation row g / x_div and
-// writes y row g (one row each); all on the device.
+// writes y row g (one row each); all on the device. Then extra.problems more (above), in the same launch.
 cudaError_t gemv_quant_grouped(const QuantWeight& W, const int* expert, int groups, const void* xh,
                                const float* factor, int x_div, float* y, int64_t ldy, bool swiglu,
-                               cudaStream_t stream, int split = 0);
+                               cudaStream_t stream, int split = 0, const GroupedExtra& extra = {});
 
 // The MoE prefill's form: for each tile p < *n_tiles of `tiles` (device; moe_sort.cuh's list: expert, row0,
 // rows <= kGroupedTileRows), rows [row0, row0 + rows) of xh (the slots in sorted order, [., K] packed) times
