@@ -99,6 +99,36 @@ Placement place(const std::vector<model::Mat>& parts, bool gate_up, bool float_o
   return !gate_up && parts.size() > 1 ? Placement::kParts : Placement::kWidened;
 }
 
+// The matrices Layout::quant_mat makes of a kParts group: one per run of consecutive members of one kind
+// (a quantized format, or a float dtype), a quantized run that does not stack one per member; a group of one
+// kind (that does not stack) one per member.
+std::vector<std::vector<model::Mat>> part_matrices(const std::vector<model::Mat>& parts) {
+  const auto same_kind = [](const model::Mat& a, const model::Mat& b) {
+    return a.quantized() ? b.quantized() && a.format == b.format : !b.quantized() && a.dtype == b.dtype;
+  };
+  std::vector<std::vector<model::Mat>> runs, out;
+  for (const auto& p : parts) {
+    if (runs.empty() || !same_kind(runs.back()[0], p)) runs.emplace_back();
+    runs.back().push_back(p);
+  }
+  for (auto& run : runs) {
+    PackedQuant pq;
+    if (runs.size() == 1 ||
+        (run.size() > 1 && run[0].quantized() && place(run, false, false, &pq) != Placement::kPacked)) {
+      for (const auto& p : run) out.push_back({p});
+    } else {
+      out.push_back(std::move(run));
+    }
+  }
+  return out;
+}
+
+int64_t rows_of(const std::vector<model::Mat>& parts) {
+  int64_t r = 0;
+  for (const auto& p : parts) r += p.rows;
+  return r;
+}
+
 void add_matrix(Sizer& s, const std::vector<model::Mat>& parts, int64_t rows, int64_t cols, bool gate_up,
                 bool float_only) {
   PackedQuant pq;
@@ -116,7 +146,7 @@ void add_matrix(Sizer& s, const std::vector<model::Mat>& parts, int64_t rows, in
       }
       return;
     case Placement::kParts:
-      for (const auto& p : parts) add_matrix(s, {p}, p.rows, cols, false, false);
+      for (const auto& m : part_matrices(parts)) add_matrix(s, m, rows_of(m), cols, false, false);
       return;
     case Placement::kWidened:
       s.add(static_cast<size_t>(rows * cols) * 2);
@@ -278,10 +308,10 @@ QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix
       qb.fp8_block |= block_scaled(pq);
     } else if (pl == Placement::kParts) {
       qb.any = true;
-      for (const auto& p : parts) {
+      for (const auto& m : part_matrices(parts)) {
         PackedQuant one;
-        if (place({p}, false, false, &one) == Placement::kPacked) {
-          qb.widest = std::max(qb.widest, static_cast<size_t>(p.rows * p.cols));
+        if (place(m, false, false, &one) == Placement::kPacked) {
+          qb.widest = std::max(qb.widest, static_cast<size_t>(rows_of(m) * m[0].cols));
           qb.fp8_block |= block_scaled(one);
         }
       }

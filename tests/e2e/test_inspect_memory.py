@@ -135,7 +135,7 @@ def test_config_only_quantized_27b_fits_a_32gb_gpu_at_32k():
     configs = os.path.join(os.path.dirname(FIXTURES), "..", "bench", "configs")
     out, f = plan("--max-model-len", 32768, "--gpu-memory", 32, model=os.path.join(configs, "qwen3.6-27b-nvfp4"))
     assert "the quantization config's formats" in out and "MIXED_PRECISION" in out
-    assert f["weights"] == 20168038656
+    assert f["weights"] == 20171159808
     assert re.search(r"fits:\s+yes", out)
     m = re.search(r"sequences that fit:\s+(\d+) sequences of 32768 positions", out)
     assert int(m.group(1)) >= 1

@@ -63,14 +63,15 @@ TEST(MemoryPlan, Qwen36_27bNvfp4MixedByHand) {
   const uint64_t embed = V * H * 2;  // bf16
   const uint64_t lm_head = nvfp4(V, H);
   const uint64_t mlp = nvfp4(2 * I, H) + nvfp4(H, I);  // gate/up interleaved, down
-  // in_proj: qkv and z FP8 with one scale each (a 4-byte piece padded to 256), b and a bf16: kept as four
-  // matrices (mixed formats); out_proj FP8.
-  const uint64_t lin = (10240 * H + 256) + (6144 * H + 256) + 2 * (48 * H * 2) + (H * 6144 + 256);
+  // in_proj (mixed formats): two matrices, one per run of one format: [qkv | z] FP8 per tensor with
+  // different scales, stacked with the scales widened to one per row (16384 x 4 bytes), and [b | a] bf16;
+  // out_proj FP8.
+  const uint64_t lin = (16384 * H + 16384 * 4) + (96 * H * 2) + (H * 6144 + 256);
   // q/k/v FP8 per tensor with different rows: one matrix, its scales widened to one per row (14336 x 4
   // bytes); o_proj FP8.
   const uint64_t full = 14336 * H + 14336 * 4 + (H * 6144 + 256);
   EXPECT_EQ(p.weights, embed + lm_head + 10588416 + 64 * mlp + 48 * lin + 16 * full);
-  EXPECT_EQ(p.weights, 20168038656ull);
+  EXPECT_EQ(p.weights, 20171159808ull);
   // The widest quantized matrix (gate/up, 2 x 17408 x 5120) has a bf16 copy in the workspace for prefill
   // chunks past the decode buckets (the default chunk of 4096 rows is).
   MemoryPlanOptions small;

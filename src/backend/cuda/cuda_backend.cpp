@@ -188,12 +188,28 @@ class Layout {
       if (packed) return place(std::move(*packed));
     }
     if (!gate_up && parts.size() > 1) {
+      // Separate matmuls into one output, one per run of consecutive members of one format (nvfp4-mixed's
+      // in_proj: [in_proj_qkv | in_proj_z] in FP8, then [in_proj_b | in_proj_a] in bf16: two launches).
       DMat m;
       m.rows = rows;
       m.cols = cols;
       m.dtype = core::DType::kBF16;
+      const auto same_kind = [](const model::Mat& a, const model::Mat& b) {
+        return a.quantized() ? b.quantized() && a.format == b.format : !b.quantized() && a.dtype == b.dtype;
+      };
+      std::vector<std::vector<const model::Mat*>> runs;
       for (const auto* p : parts) {
-        DF_ASSIGN(DMat d, mat({p}, p->rows, cols, 0.0f, what));
+        if (runs.empty() || !same_kind(*runs.back()[0], *p)) runs.emplace_back();
+        runs.back().push_back(p);
+      }
+      if (runs.size() == 1) {  // one format that does not stack: each member alone
+        runs.clear();
+        for (const auto* p : parts) runs.push_back({p});
+      }
+      for (const auto& run : runs) {
+        int64_t run_rows = 0;
+        for (const auto* p : run) run_rows += p->rows;
+        DF_ASSIGN(DMat d, mat(run, run_rows, cols, 0.0f, what));
         m.parts.push_back(std::move(d));
       }
       return m;
