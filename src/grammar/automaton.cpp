@@ -234,8 +234,17 @@ Automaton compile_automaton(const Grammar& g) {
   for (auto& [s, t] : nfa_ends) is_accept[static_cast<size_t>(t)] = 1;
 
   Automaton a;
-  std::map<std::vector<int32_t>, int32_t> ids;
+  // Sets of NFA states -> DFA state, hashed (a hostile pattern makes tens of thousands of sets).
+  struct SetHash {
+    size_t operator()(const std::vector<int32_t>& v) const {
+      uint64_t h = 0xcbf29ce484222325ull;
+      for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull;
+      return static_cast<size_t>(h ^ (h >> 29));
+    }
+  };
+  std::unordered_map<std::vector<int32_t>, int32_t, SetHash> ids;
   std::vector<std::vector<int32_t>> sets;
+  size_t entries = 0;  // NFA states over all of `sets`: the determinization's work and memory
   std::vector<uint32_t> mark(ns.size(), 0);
   uint32_t epoch = 0;
   auto closure = [&](std::vector<int32_t> seed) {
@@ -259,6 +268,12 @@ Automaton compile_automaton(const Grammar& g) {
     if (sets.size() >= kMaxDfaStates)
       throw GrammarError("the grammar is too large (more than " + std::to_string(kMaxDfaStates) +
                          " automaton states); lower the bounds on repeats, lengths or items");
+    entries += set.size();
+    if (entries > kMaxDfaEntries)
+      throw GrammarError("the grammar is too large (its automaton states hold more than " +
+                         std::to_string(kMaxDfaEntries) +
+                         " pattern positions); lower the bounds on repeats, lengths or items, or make a "
+                         "pattern's '.*' less ambiguous");
     const auto id = static_cast<int32_t>(sets.size());
     ids.emplace(set, id);
     sets.push_back(std::move(set));
@@ -289,13 +304,18 @@ Automaton compile_automaton(const Grammar& g) {
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    // The byte ranges between cuts, each with the targets of the edges that cover it (each edge lands in
+    // the ranges it spans, found by binary search: work in proportion to what the ranges receive).
+    std::vector<std::vector<int32_t>> range_targets(cuts.size() - 1);
+    for (const auto& e : edges) {
+      const auto first = std::lower_bound(cuts.begin(), cuts.end(), static_cast<int>(e.lo)) - cuts.begin();
+      for (auto k = first; cuts[static_cast<size_t>(k)] <= e.hi; ++k)
+        range_targets[static_cast<size_t>(k)].push_back(e.to);
+    }
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      if (range_targets[k].empty()) continue;
       const int lo = cuts[k], hi = cuts[k + 1] - 1;
-      std::vector<int32_t> targets;
-      for (const auto& e : edges)
-        if (e.lo <= lo && hi <= e.hi) targets.push_back(e.to);
-      if (targets.empty()) continue;
-      const int32_t t = intern(closure(std::move(targets)));
+      const int32_t t = intern(closure(std::move(range_targets[k])));
       for (int c = lo; c <= hi; ++c) a.next[d * 256 + static_cast<size_t>(c)] = t;
       a.can_consume[d] = 1;
     }

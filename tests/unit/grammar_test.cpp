@@ -71,6 +71,21 @@ TEST(GrammarRegex, RefusesWhatItCannotMatch) {
     EXPECT_THROW(grammar_from_regex(bad), GrammarError) << bad;
 }
 
+TEST(GrammarRegex, AnAmbiguousDotStarIsBoundedByThePositionsItsStatesHold) {
+  // fuzz_grammar's timeout (tests/fuzz/corpus/fuzz_grammar/dot-star-blowup): ".*" before many "."s makes
+  // the subset construction's states hold dozens of pattern positions each; the work budget
+  // (kMaxDfaEntries) ends it long before the state limit would.
+  const std::string pattern = "{@" + std::string(13, '.') + "0" + std::string(14, '.') + "*" +
+                              std::string(26, '.') + ">" + std::string(10, '.') + "0.....!" +
+                              std::string(8, '.') + "*" + std::string(36, '.') + ":rot: ooo=";
+  try {
+    compile_automaton(grammar_from_regex(pattern));
+    ADD_FAILURE() << "compiled";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("pattern positions"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GrammarEbnf, AcceptsAndRejects) {
   const Grammar g = parse_ebnf(R"g(
     # arithmetic, recursive
