@@ -184,32 +184,40 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
   return p;
 }
 
+namespace {
+
+// The tile and tile row that hold matrix row n (nvfp4_tile_row's inverse); t = -1 for a row past the matrix.
+struct TilePlace {
+  int64_t t = -1;
+  int r = 0;
+};
+TilePlace tile_of_row(int64_t n, int64_t rows, bool interleave) {
+  if (n < 0 || n >= rows) return {};
+  if (!interleave) return {n / kQuantTileRows, static_cast<int>(n % kQuantTileRows)};
+  const int64_t half = rows / 2, m = n < half ? n : n - half;
+  return {m / 8, static_cast<int>(m % 8) + (n < half ? 0 : 8)};
+}
+
+}  // namespace
+
 uint8_t nvfp4_tile_code(const uint8_t* tiles, int64_t rows, int64_t cols, bool interleave, int64_t n,
                         int64_t k) {
-  const int64_t tiles_r = nvfp4_padded_rows(rows) / kQuantTileRows, tiles_k = cols / kQuantTileCols;
-  for (int64_t t = 0; t < tiles_r; ++t)
-    for (int r = 0; r < kQuantTileRows; ++r) {
-      if (nvfp4_tile_row(t, r, rows, interleave) != n) continue;
-      const int64_t kt = k / kQuantTileCols;
-      const CodeSlot sl = slot_of(r, static_cast<int>(k % kQuantTileCols));
-      uint32_t w;
-      std::memcpy(&w, tiles + (t * tiles_k + kt) * kNvfp4TileBytes + sl.word_byte, 4);
-      return static_cast<uint8_t>(((w >> sl.mag_bit) & 7) | (((w >> sl.sign_bit) & 1) << 3));
-    }
-  return 0xff;
+  const TilePlace at = tile_of_row(n, rows, interleave);
+  if (at.t < 0) return 0xff;
+  const int64_t tiles_k = cols / kQuantTileCols, kt = k / kQuantTileCols;
+  const CodeSlot sl = slot_of(at.r, static_cast<int>(k % kQuantTileCols));
+  uint32_t w;
+  std::memcpy(&w, tiles + (at.t * tiles_k + kt) * kNvfp4TileBytes + sl.word_byte, 4);
+  return static_cast<uint8_t>(((w >> sl.mag_bit) & 7) | (((w >> sl.sign_bit) & 1) << 3));
 }
 
 uint8_t nvfp4_tile_scale(const uint8_t* scales, int64_t rows, int64_t cols, bool interleave, int64_t n,
                          int64_t k) {
-  const int64_t tiles_r = nvfp4_padded_rows(rows) / kQuantTileRows, tiles_k = cols / kQuantTileCols;
-  for (int64_t t = 0; t < tiles_r; ++t)
-    for (int r = 0; r < kQuantTileRows; ++r) {
-      if (nvfp4_tile_row(t, r, rows, interleave) != n) continue;
-      const int64_t kt = k / kQuantTileCols;
-      return scales[(t * tiles_k + kt) * kNvfp4TileScaleBytes + 8 * (r % 8) + 4 * (r / 8) +
-                    (k % kQuantTileCols) / 16];
-    }
-  return 0xff;
+  const TilePlace at = tile_of_row(n, rows, interleave);
+  if (at.t < 0) return 0xff;
+  const int64_t tiles_k = cols / kQuantTileCols, kt = k / kQuantTileCols;
+  return scales[(at.t * tiles_k + kt) * kNvfp4TileScaleBytes + 8 * (at.r % 8) + 4 * (at.r / 8) +
+                (k % kQuantTileCols) / 16];
 }
 
 }  // namespace deltaflow::backend
