@@ -1210,7 +1210,7 @@ bool CudaBackend::reads_staged_rows(int64_t n, const DMat* next) const {
   if (!next || next->cols != config_.hidden_size || n > kQuantGemvMaxRows) return false;
   const auto quant_gemv = [&](const DMat& m) { return m.quantized && !takes_gemm(n, m); };
   if (next->parts.empty()) return quant_gemv(*next);
-  return std::all_of(next->parts.begin(), next->parts.end(), quant_gemv);
+  return std::any_of(next->parts.begin(), next->parts.end(), quant_gemv);  // the others read fp32 xn
 }
 
 core::Status CudaBackend::add_norm(const float* y, int64_t n, const float* w, const DMat* next, bool staged) {

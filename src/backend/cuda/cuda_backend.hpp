@@ -251,7 +251,8 @@ class CudaBackend final : public SequenceBackend {
   core::Status add_norm(const float* y, int64_t n, const float* w, const DMat* next, bool staged = false);
   // ws_.xq / ws_.xq_factor = x [T, K] staged for a quantized GEMV, unless xq_holds_ says they are there.
   cudaError_t stage_xq(const float* x, int64_t ldx, int64_t T, int64_t K);
-  // Whether `next`, a matmul over n rows of xn, runs the quantized GEMV over one staging of all n rows.
+  // Whether `next`, a matmul over n rows of xn (or one of its parts), runs the quantized GEMV over one
+  // staging of all n rows.
   bool reads_staged_rows(int64_t n, const DMat* next) const;
   // ws_.x16 = x [T, K] rounded to dtype, unless x16_holds_ says it is there already.
   cudaError_t stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype);
