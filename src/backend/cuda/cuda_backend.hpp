@@ -60,6 +60,9 @@ struct CudaOptions {
 // A device matrix [rows, cols], row-major, in the checkpoint's element type; or quantized (NVFP4 or FP8 codes
 // at data, their scales in q: backend/quant_pack.hpp), or a projection group whose members are kept apart
 // (`parts`, their rows in order: members whose formats or scale grids differ).
+// Rows a decode graph bucket holds at most (the largest bucket); steps past it are prefill.
+inline constexpr int kDecodeMaxRows = 256;
+
 struct DMat {
   const void* data = nullptr;
   core::DType dtype = core::DType::kBF16;
