@@ -63,6 +63,8 @@ struct CudaOptions {
 // Rows a decode graph bucket holds at most (the largest bucket); steps past it are prefill.
 inline constexpr int kDecodeMaxRows = 256;
 
+struct WeightSource;  // cuda_weights.hpp
+
 struct DMat {
   const void* data = nullptr;
   core::DType dtype = core::DType::kBF16;
@@ -201,6 +203,8 @@ class CudaBackend final : public SequenceBackend {
  private:
   CudaBackend() = default;
   core::Status init_device(const model::TextConfig& c, const CudaOptions& opt);
+  // Allocates the weights (cuda_weights.hpp's layout, sized first) and fills them.
+  core::Status place_weights(const WeightSource& src, uint64_t seed, bool progress);
   core::Status plan_memory();
   // (Re)allocates the states and the KV cache: `slots` state slots (the last one scratch), and the KV of
   // every slot contiguous (pages 0) or `pages` pages of kPageSize positions with a block table per slot.
