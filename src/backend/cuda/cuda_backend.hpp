@@ -244,6 +244,14 @@ class CudaBackend final : public SequenceBackend {
   core::Status ffn(const DLayer& L, int64_t n);
   core::Status moe(const DLayer& L, int64_t n);
   core::Status moe_quant(const DLayer& L, int64_t n);  // quantized routed experts
+  // The step's nk slots sorted by expert on the device (moe_sort.cuh): sort_slot / sort_tok, and the list
+  // of 64-row tiles of one expert (room entries; *n_live of them live) that the grouped kernels take.
+  struct SortedSlots {
+    GroupedTile* tiles = nullptr;
+    int* n_live = nullptr;
+    int room = 0;
+  };
+  core::Expected<SortedSlots> sort_slots_by_expert(int64_t nk);
   // After the routed experts; gate_up_done: the shared expert's gate/up already ran (into ws_.act).
   core::Status moe_shared_and_combine(const DLayer& L, int64_t n, bool gate_up_done = false);
   // y[T, W.rows] = x[T, W.cols] @ W^T: GEMV tiles of kGemvMaxRows rows, or cuBLASLt (see the header comment).

@@ -57,6 +57,18 @@ core::Status CudaBackend::ffn(const DLayer& L, int64_t n) {
   return linear(ws_.act, I, n, L.down, ws_.y, H);
 }
 
+core::Expected<CudaBackend::SortedSlots> CudaBackend::sort_slots_by_expert(int64_t nk) {
+  const int64_t E = config_.num_experts, K = config_.num_experts_per_tok;
+  SortedSlots s;
+  s.tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
+  int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
+  s.n_live = scratch + moe_sort_scratch_ints(E);
+  s.room = static_cast<int>(moe_tile_room_);
+  DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
+                                 ws_.sort_slot, ws_.sort_tok, s.tiles, s.room, s.n_live, stream_));
+  return s;
+}
+
 core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const auto& c = config_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
@@ -110,12 +122,10 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     // type end to end as the dense MLP's prefill: gate_up -> 16-bit, SwiGLU 16 -> 16 into down's input.
     // gate_up reads each slot's token row through sort_tok and down writes each slot's row through
     // sort_slot: no gathered copy of x, no scatter of y. The GEMM grids are sized for the most tiles.
-    auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
-    int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
-    int* n_live = scratch + moe_sort_scratch_ints(E);
-    const int room = static_cast<int>(moe_tile_room_);
-    DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
-                                   ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));
+    DF_ASSIGN(const SortedSlots sorted, sort_slots_by_expert(nk));
+    GroupedTile* tiles = sorted.tiles;
+    int* n_live = sorted.n_live;
+    const int room = sorted.room;
     x16_holds_ = {};
     DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_gu.data, dt, 2 * Im * H, static_cast<int>(2 * Im),
@@ -239,12 +249,10 @@ core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
   }
   prof_.mark("moe experts", stream_);
   xq_holds_ = {};
-  auto* tiles = reinterpret_cast<GroupedTile*>(ws_.moe_tiles);
-  int* scratch = ws_.moe_tiles + 3 * moe_tile_room_;
-  int* n_live = scratch + moe_sort_scratch_ints(E);
-  const int room = static_cast<int>(moe_tile_room_);
-  DF_CUDA_TRY(moe_sort_by_expert(ws_.moe_ids, nk, static_cast<int>(K), static_cast<int>(E), scratch,
-                                 ws_.sort_slot, ws_.sort_tok, tiles, room, n_live, stream_));
+  DF_ASSIGN(const SortedSlots sorted, sort_slots_by_expert(nk));
+  GroupedTile* tiles = sorted.tiles;
+  int* n_live = sorted.n_live;
+  const int room = sorted.room;
   // gate/up over the slots in sorted order (each reads its token's row), SwiGLU into act_s in that order;
   // down from there, each row written back to its slot.
   DF_CUDA_TRY(stage_activations_f16_rows(ws_.xn, H, ws_.sort_tok, slots, H, ws_.xq, ws_.xq_factor, stream_));

@@ -248,8 +248,8 @@ class Layout {
     return m;
   }
 
-  // Places a packed matrix: codes, then its scales, each region its own job.
-  DMat place(PackedQuant p) {
+  // A packed matrix's shape and format as a DMat, before its arrays are placed.
+  static DMat quant_header(const PackedQuant& p) {
     DMat m;
     m.rows = p.rows;
     m.cols = p.cols;
@@ -261,15 +261,24 @@ class Layout {
     q.N = p.rows;
     q.K = p.cols;
     q.interleave = p.interleave;
+    if (!nv) {
+      q.grid_cols = p.grid_cols;
+      q.block_rows = p.block_rows;
+      q.block_cols = p.block_cols;
+    }
+    return m;
+  }
+
+  // Places a packed matrix: codes, then its scales, each region its own job.
+  DMat place(PackedQuant p) {
+    DMat m = quant_header(p);
+    QuantWeight& q = m.q;
     q.codes = m.data = ptr(own(std::move(p.codes), p.codes_bytes));
-    if (nv) {
+    if (q.nvfp4) {
       q.scales = static_cast<const uint8_t*>(ptr(own(std::move(p.scales), p.scales_bytes)));
       q.row_scales = static_cast<const float*>(ptr(own_floats(p.row_scales, p.row_scales_n)));
     } else {
       q.grid = static_cast<const float*>(ptr(own_floats(p.grid, p.grid_n)));
-      q.grid_cols = p.grid_cols;
-      q.block_rows = p.block_rows;
-      q.block_cols = p.block_cols;
     }
     return m;
   }
@@ -290,20 +299,11 @@ class Layout {
       }
       return out;
     };
-    DMat m;
-    m.rows = p0.rows;
-    m.cols = p0.cols;
-    m.quantized = true;
-    const bool nv = p0.format == model::quant::WeightFormat::kNvfp4;
-    m.dtype = nv ? core::DType::kU8 : core::DType::kF8E4M3;
+    DMat m = quant_header(p0);
     QuantWeight& q = m.q;
-    q.nvfp4 = nv;
-    q.N = p0.rows;
-    q.K = p0.cols;
-    q.interleave = p0.interleave;
     q.codes = m.data = ptr(own(cat(&PackedQuant::codes, p0.codes_bytes), p0.codes_bytes * E));
     q.codes_stride = static_cast<int64_t>(p0.codes_bytes);
-    if (nv) {
+    if (q.nvfp4) {
       q.scales = static_cast<const uint8_t*>(
           ptr(own(cat(&PackedQuant::scales, p0.scales_bytes), p0.scales_bytes * E)));
       q.row_scales = static_cast<const float*>(
@@ -312,9 +312,6 @@ class Layout {
       q.row_stride = static_cast<int64_t>(p0.row_scales_n);
     } else {
       q.grid = static_cast<const float*>(ptr(own(cat(&PackedQuant::grid, p0.grid_n * 4), p0.grid_n * 4 * E)));
-      q.grid_cols = p0.grid_cols;
-      q.block_rows = p0.block_rows;
-      q.block_cols = p0.block_cols;
       q.grid_stride = static_cast<int64_t>(p0.grid_n);
     }
     return m;
