@@ -103,9 +103,6 @@ Placement place(const std::vector<model::Mat>& parts, bool gate_up, bool float_o
 // (a quantized format, or a float dtype), a quantized run that does not stack one per member; a group of one
 // kind (that does not stack) one per member.
 std::vector<std::vector<model::Mat>> part_matrices(const std::vector<model::Mat>& parts) {
-  const auto same_kind = [](const model::Mat& a, const model::Mat& b) {
-    return a.quantized() ? b.quantized() && a.format == b.format : !b.quantized() && a.dtype == b.dtype;
-  };
   std::vector<std::vector<model::Mat>> runs, out;
   for (const auto& p : parts) {
     if (runs.empty() || !same_kind(runs.back()[0], p)) runs.emplace_back();

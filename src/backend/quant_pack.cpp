@@ -30,10 +30,20 @@ CodeSlot slot_of(int r, int c) {
   return {lane * 16 + j * 4, 16 * half + 3 * slot, 16 * half + 12 + slot};
 }
 
+// Byte offset of the block scales of tile row r (0..15) in column tile kt of row tile t: 64 bytes per tile,
+// rows g and g + 8's four group scales at 8g (quant_pack.hpp).
+int64_t tile_scale_offset(int64_t t, int64_t kt, int64_t tiles_k, int r) {
+  return (t * tiles_k + kt) * kNvfp4TileScaleBytes + 8 * (r % 8) + 4 * (r / 8);
+}
+
 }  // namespace
 
 int64_t nvfp4_padded_rows(int64_t rows) {
   return (rows + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows;
+}
+
+bool same_kind(const model::Mat& a, const model::Mat& b) {
+  return a.quantized() ? b.quantized() && a.format == b.format : !b.quantized() && a.dtype == b.dtype;
 }
 
 bool same_layout(const PackedQuant& a, const PackedQuant& b) {
@@ -114,10 +124,9 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
       for (int r = 0; r < kQuantTileRows; ++r) rows_of[r] = nvfp4_tile_row(t, r, R, interleave);
       for (int64_t kt = 0; kt < tiles_k; ++kt) {
         uint8_t* tile = p.codes.data() + (t * tiles_k + kt) * kNvfp4TileBytes;
-        uint8_t* tile_scales = p.scales.data() + (t * tiles_k + kt) * kNvfp4TileScaleBytes;
         for (int r = 0; r < kQuantTileRows; ++r)
           if (rows_of[r] >= 0)
-            std::memcpy(tile_scales + 8 * (r % 8) + 4 * (r / 8),
+            std::memcpy(p.scales.data() + tile_scale_offset(t, kt, tiles_k, r),
                         row_group_scales[static_cast<size_t>(rows_of[r])] + kt * (kQuantTileCols / 16), 4);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, q = lane % 4;
@@ -216,8 +225,7 @@ uint8_t nvfp4_tile_scale(const uint8_t* scales, int64_t rows, int64_t cols, bool
   const TilePlace at = tile_of_row(n, rows, interleave);
   if (at.t < 0) return 0xff;
   const int64_t tiles_k = cols / kQuantTileCols, kt = k / kQuantTileCols;
-  return scales[(at.t * tiles_k + kt) * kNvfp4TileScaleBytes + 8 * (at.r % 8) + 4 * (at.r / 8) +
-                (k % kQuantTileCols) / 16];
+  return scales[tile_scale_offset(at.t, kt, tiles_k, at.r) + (k % kQuantTileCols) / 16];
 }
 
 }  // namespace deltaflow::backend

@@ -55,6 +55,10 @@ int64_t nvfp4_tile_row(int64_t t, int r, int64_t rows, bool interleave);
 // Bytes of the tiled block scales: one per 16 elements of the padded rows.
 int64_t nvfp4_scales_bytes(int64_t rows, int64_t cols);
 
+// Whether two members of a projection group can share one matrix: the same quantized format, or both float
+// of one dtype (the runs a group of mixed formats is split into).
+bool same_kind(const model::Mat& a, const model::Mat& b);
+
 // Whether two packed matrices have one layout (format, shape, array sizes and scale grids): what a stack of
 // experts needs.
 bool same_layout(const PackedQuant& a, const PackedQuant& b);

@@ -210,8 +210,9 @@ core::Status CudaBackend::moe_quant(const DLayer& L, int64_t n) {
   // reads one expert's codes. Longer steps: the slots sorted by expert on the device (moe_sort.cuh) and each
   // 64-row tile of one expert's slots multiplied by it (gemv_quant_tiles), so an expert's codes are read
   // once per 32 of its rows; widening every expert to bf16 for the grouped GEMM instead cost about 8 ms a
-  // layer on an H100 whatever the chunk. The shared expert is a dense MLP in its own format; moe_combine
-  // sums the weighted slots and the gated shared expert.
+  // layer on an H100 whatever the chunk. The shared expert is expert E of the stacks when it has their
+  // layout (DLayer::shared_in_stack: at decode, n more problems of the grouped GEMVs), else a dense MLP in
+  // its own format; moe_combine sums the weighted slots and the gated shared expert.
   const auto& c = config_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t Im = L.experts_down.cols, nk = n * K;

@@ -140,9 +140,6 @@ class Layout {
       m.rows = rows;
       m.cols = cols;
       m.dtype = core::DType::kBF16;
-      const auto same_kind = [](const model::Mat& a, const model::Mat& b) {
-        return a.quantized() ? b.quantized() && a.format == b.format : !b.quantized() && a.dtype == b.dtype;
-      };
       std::vector<std::vector<const model::Mat*>> runs;
       for (const auto* p : parts) {
         if (runs.empty() || !same_kind(*runs.back()[0], *p)) runs.emplace_back();
