@@ -11,7 +11,8 @@ BENCH=${BENCH:-$BIN/deltaflow bench}
 OUT=${OUT:-/tmp/df_out}
 FIXTURE_ROOT=${FIXTURE_ROOT:-/work/main}
 mkdir -p "$OUT"
-what=${*:-tests bench}
+# Each argument is a target name below or, when quoted with spaces, a shell command of its own.
+[ $# -gt 0 ] || set -- tests bench
 
 if [ ! -e "$FIXTURE_ROOT/tests/fixtures" ]; then
   mkdir -p "$(dirname "$FIXTURE_ROOT")" && ln -sfn "$PWD" "$FIXTURE_ROOT"
@@ -20,11 +21,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 
 section() { echo; echo "=== $* ($(date +%T))"; }
 
-for w in $what; do
+for w in "$@"; do
   case $w in
     tests)
       section "gpu tests"
-      timeout 60 "$BIN/df_gpu_tests" --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ +(FAILED|PASSED|OK) +\]|Failure|error|vs cpu|decode steps|tests ran|Expected|Which is|actual" | head -150
+      timeout 150 "$BIN/df_gpu_tests" --gtest_brief=1 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ +(FAILED|PASSED|OK) +\]|Failure|error|vs cpu|decode steps|tests ran|Expected|Which is|actual" | head -150
       echo "exit ${PIPESTATUS[0]}"
       ;;
     memcheck)
