@@ -77,10 +77,12 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t b) {
   return e4m3x2_to_float2(b).x;
 }
 
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  constexpr float kV[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kV[code & 7];
-  return code & 8 ? -v : v;
+// An E2M1 code (sign, 2 exponent bits, 1 mantissa bit) times 2^-14: its bits placed as an fp16's sign, low
+// exponent bits and top mantissa bit (E = 0 lands on the fp16 subnormals, m * 2^-15). Exact, and no table:
+// a table indexed per element sits in local memory (32 bytes of stack a thread, a load per value).
+__device__ __forceinline__ float e2m1_value_2m14(uint32_t code) {
+  return __half2float(
+      __ushort_as_half(static_cast<unsigned short>(((code & 7u) << 9) | ((code & 8u) << 12))));
 }
 
 // The matrix row of row r of NVFP4 tile t (quant_pack.cpp, nvfp4_tile_row); -1 for padding.
@@ -471,13 +473,17 @@ __device__ __forceinline__ void enter_matrix(QuantWeight& w, __nv_bfloat16*& out
 // One thread per 8 consecutive columns of one row: their codes sit in two lane words of the row's tile (the
 // row's half of each word's slots, quant_pack.hpp), all under one block scale; the 8 bf16 values go out as
 // one 16-byte store, so a warp writes 512 contiguous bytes of the row.
+// Index is uint32_t where N * K / 8 fits it (every matrix of the family): a 64-bit division per 8 values
+// costs more than the values' decode.
+template <typename Index>
 __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
   enter_matrix(w, out);
-  const int64_t chunks = w.K / 8, tiles_k = w.K / 64;
+  const Index chunks = static_cast<Index>(w.K / 8), total = static_cast<Index>(w.N) * chunks;
+  const int64_t tiles_k = w.K / 64;
   const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < w.N * chunks;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = i / chunks, k = (i % chunks) * 8;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / chunks, k = static_cast<int64_t>(i % chunks) * 8;
     // The tile and tile row of matrix row n (tile_row's inverse).
     int64_t t;
     int r;
@@ -493,7 +499,8 @@ __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
     const int64_t kt = k / 64;
     const int kc = static_cast<int>(k % 64), j = kc / 16, q0 = (kc % 16) / 4;
     const uint32_t* tile = codes + (t * tiles_k + kt) * 128;
-    const float sb = e4m3_to_float(w.scales[(t * tiles_k + kt) * 64 + 8 * g + 4 * hi + j]) * w.row_scales[n];
+    const float sb =
+        e4m3_to_float(w.scales[(t * tiles_k + kt) * 64 + 8 * g + 4 * hi + j]) * w.row_scales[n] * 16384.0f;
     float v[8];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -503,7 +510,7 @@ __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
         const int slot = (e >= 2 ? 2 : 0) + hi, half = e & 1;
         const uint32_t code =
             ((word >> (16 * half + 3 * slot)) & 7) | (((word >> (16 * half + 12 + slot)) & 1) << 3);
-        v[4 * h + e] = e2m1_value(code) * sb;
+        v[4 * h + e] = e2m1_value_2m14(code) * sb;
       }
     }
     uint4 o;
@@ -515,13 +522,14 @@ __global__ void kernel_dequant_nvfp4(QuantWeight w, __nv_bfloat16* out) {
   }
 }
 
+template <typename Index>
 __global__ void kernel_dequant_fp8(QuantWeight w, __nv_bfloat16* out) {
   enter_matrix(w, out);
-  const int64_t quads = w.N * w.K / 4;
+  const Index quads_per_row = static_cast<Index>(w.K / 4), quads = static_cast<Index>(w.N) * quads_per_row;
   const uint32_t* codes = static_cast<const uint32_t*>(w.codes);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < quads;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = (4 * i) / w.K, k = (4 * i) % w.K;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < quads;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / quads_per_row, k = static_cast<int64_t>(i % quads_per_row) * 4;
     const float sc = w.grid[(n / w.block_rows) * w.grid_cols + k / w.block_cols];
     const uint32_t v = codes[i];
     const float2 a = e4m3x2_to_float2(v), b = e4m3x2_to_float2(v >> 16);
@@ -614,6 +622,10 @@ cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out,
   if (W.N == 0 || groups == 0) return cudaSuccess;
   if (W.K % 64 != 0 || groups < 0 || groups > 65535) return cudaErrorInvalidValue;
   auto* o = static_cast<__nv_bfloat16*>(out);
+  // The grid-stride index, past the last item by at most one launch's threads, stays below 2^32.
+  const auto fits_u32 = [](int64_t items) {
+    return items + static_cast<int64_t>(grid_for(items)) * 256 < (int64_t{1} << 32);
+  };
   // Fewer blocks per matrix when there are many: the whole set is one launch of about the same size.
   const auto per = [&](int64_t n) {
     return dim3(std::max(1u, grid_for(n) / static_cast<unsigned>(std::min(groups, 64))),
@@ -621,9 +633,16 @@ cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out,
   };
   if (W.nvfp4) {
     if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidValue;
-    kernel_dequant_nvfp4<<<per(W.N * W.K / 8), 256, 0, stream>>>(W, o);
+    if (fits_u32(W.N * (W.K / 8)))
+      kernel_dequant_nvfp4<uint32_t><<<per(W.N * W.K / 8), 256, 0, stream>>>(W, o);
+    else
+      kernel_dequant_nvfp4<int64_t><<<per(W.N * W.K / 8), 256, 0, stream>>>(W, o);
   } else {
-    kernel_dequant_fp8<<<per(W.N * W.K / 4), 256, 0, stream>>>(W, o);
+    if (W.K % 4 != 0) return cudaErrorInvalidValue;
+    if (fits_u32(W.N * (W.K / 4)))
+      kernel_dequant_fp8<uint32_t><<<per(W.N * W.K / 4), 256, 0, stream>>>(W, o);
+    else
+      kernel_dequant_fp8<int64_t><<<per(W.N * W.K / 4), 256, 0, stream>>>(W, o);
   }
   return cudaGetLastError();
 }
