@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <unordered_map>
 
 namespace deltaflow::grammar {
@@ -234,70 +235,93 @@ Automaton compile_automaton(const Grammar& g) {
   for (auto& [s, t] : nfa_ends) is_accept[static_cast<size_t>(t)] = 1;
 
   Automaton a;
-  // Sets of NFA states -> DFA state, hashed (a hostile pattern makes tens of thousands of sets).
-  struct SetHash {
-    size_t operator()(const std::vector<int32_t>& v) const {
-      uint64_t h = 0xcbf29ce484222325ull;
-      for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull;
-      return static_cast<size_t>(h ^ (h >> 29));
-    }
+  // The DFA states' NFA-state sets, all in one array (`set_begin[d]` .. `set_begin[d + 1]`), found by hash:
+  // a hostile pattern makes tens of thousands of sets, and one allocation per set (or a second copy as a map
+  // key) was most of the construction's time under ASan.
+  std::vector<int32_t> set_items;
+  std::vector<size_t> set_begin = {0};
+  std::unordered_multimap<uint64_t, int32_t> ids;
+  const auto set_of = [&](size_t d) {
+    return std::span<const int32_t>(set_items.data() + set_begin[d], set_begin[d + 1] - set_begin[d]);
   };
-  std::unordered_map<std::vector<int32_t>, int32_t, SetHash> ids;
-  std::vector<std::vector<int32_t>> sets;
-  size_t entries = 0;  // NFA states over all of `sets`: the determinization's work and memory
+  const auto hash_of = [](std::span<const int32_t> v) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+  };
   std::vector<uint32_t> mark(ns.size(), 0);
   uint32_t epoch = 0;
-  auto closure = [&](std::vector<int32_t> seed) {
+  std::vector<int32_t> closure_out;
+  // The epsilon closure of `seed` (consumed), sorted, in closure_out.
+  auto closure = [&](std::vector<int32_t>& seed) {
     ++epoch;
-    std::vector<int32_t> out;
+    closure_out.clear();
     while (!seed.empty()) {
       const int32_t x = seed.back();
       seed.pop_back();
       if (mark[static_cast<size_t>(x)] == epoch) continue;
       mark[static_cast<size_t>(x)] = epoch;
-      out.push_back(x);
+      closure_out.push_back(x);
       for (int32_t y : ns[static_cast<size_t>(x)].eps) seed.push_back(y);
     }
-    std::sort(out.begin(), out.end());
-    return out;
+    std::sort(closure_out.begin(), closure_out.end());
   };
-  auto intern = [&](std::vector<int32_t> set) -> int32_t {
-    if (set.empty()) return Automaton::kNone;
-    auto it = ids.find(set);
-    if (it != ids.end()) return it->second;
-    if (sets.size() >= kMaxDfaStates)
+  // The DFA state of the set in closure_out, made if new.
+  auto intern = [&]() -> int32_t {
+    if (closure_out.empty()) return Automaton::kNone;
+    const std::span<const int32_t> set(closure_out);
+    const uint64_t h = hash_of(set);
+    for (auto [it, last] = ids.equal_range(h); it != last; ++it) {
+      const auto other = set_of(static_cast<size_t>(it->second));
+      if (std::equal(set.begin(), set.end(), other.begin(), other.end())) return it->second;
+    }
+    const size_t n_sets = set_begin.size() - 1;
+    if (n_sets >= kMaxDfaStates)
       throw GrammarError("the grammar is too large (more than " + std::to_string(kMaxDfaStates) +
                          " automaton states); lower the bounds on repeats, lengths or items");
-    entries += set.size();
-    if (entries > kMaxDfaEntries)
+    if (set_items.size() + set.size() > kMaxDfaEntries)
       throw GrammarError("the grammar is too large (its automaton states hold more than " +
                          std::to_string(kMaxDfaEntries) +
                          " pattern positions); lower the bounds on repeats, lengths or items, or make a "
                          "pattern's '.*' less ambiguous");
-    const auto id = static_cast<int32_t>(sets.size());
-    ids.emplace(set, id);
-    sets.push_back(std::move(set));
+    const auto id = static_cast<int32_t>(n_sets);
+    ids.emplace(h, id);
+    set_items.insert(set_items.end(), set.begin(), set.end());
+    set_begin.push_back(set_items.size());
     return id;
   };
-  for (auto& [s, t] : nfa_ends) a.rule_start.push_back(intern(closure({s})));
+  std::vector<int32_t> seed;
+  for (auto& [s, t] : nfa_ends) {
+    seed.assign(1, s);
+    closure(seed);
+    a.rule_start.push_back(intern());
+  }
   for (int32_t r : compiled) a.rule_names.push_back(g.rules()[static_cast<size_t>(r)].name);
   a.root = 0;
 
-  for (size_t d = 0; d < sets.size(); ++d) {
-    const std::vector<int32_t> set = sets[d];  // a copy: intern() grows `sets`
-    a.next.resize((d + 1) * 256, Automaton::kNone);
+  // Each state's byte edges as ranges, written into the 256-entry rows once the state count is known.
+  struct Range {
+    int32_t state, target;
+    int lo, hi;
+  };
+  std::vector<Range> ranges;
+  std::vector<ByteEdge> edges;
+  std::vector<int> cuts;
+  std::vector<std::vector<int32_t>> range_targets;
+  for (size_t d = 0; d + 1 < set_begin.size(); ++d) {
     a.accepting.push_back(0);
     a.can_consume.push_back(0);
     a.calls.emplace_back();
-    std::vector<ByteEdge> edges;
+    edges.clear();
     std::map<int32_t, std::vector<int32_t>> call_targets;
-    for (int32_t x : set) {
+    for (size_t i = set_begin[d]; i < set_begin[d + 1]; ++i) {
+      const int32_t x = set_items[i];  // by index: intern() grows set_items
       const NState& s = ns[static_cast<size_t>(x)];
       if (is_accept[static_cast<size_t>(x)]) a.accepting[d] = 1;
       edges.insert(edges.end(), s.bytes.begin(), s.bytes.end());
       for (const auto& c : s.calls) call_targets[c.rule].push_back(c.to);
     }
-    std::vector<int> cuts = {0, 256};
+    cuts.assign({0, 256});
     for (const auto& e : edges) {
       cuts.push_back(e.lo);
       cuts.push_back(e.hi + 1);
@@ -306,7 +330,7 @@ Automaton compile_automaton(const Grammar& g) {
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     // The byte ranges between cuts, each with the targets of the edges that cover it (each edge lands in
     // the ranges it spans, found by binary search: work in proportion to what the ranges receive).
-    std::vector<std::vector<int32_t>> range_targets(cuts.size() - 1);
+    if (range_targets.size() < cuts.size() - 1) range_targets.resize(cuts.size() - 1);
     for (const auto& e : edges) {
       const auto first = std::lower_bound(cuts.begin(), cuts.end(), static_cast<int>(e.lo)) - cuts.begin();
       for (auto k = first; cuts[static_cast<size_t>(k)] <= e.hi; ++k)
@@ -314,16 +338,20 @@ Automaton compile_automaton(const Grammar& g) {
     }
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       if (range_targets[k].empty()) continue;
-      const int lo = cuts[k], hi = cuts[k + 1] - 1;
-      const int32_t t = intern(closure(std::move(range_targets[k])));
-      for (int c = lo; c <= hi; ++c) a.next[d * 256 + static_cast<size_t>(c)] = t;
+      closure(range_targets[k]);  // leaves range_targets[k] empty for the next state
+      const int32_t t = intern();
+      ranges.push_back({static_cast<int32_t>(d), t, cuts[k], cuts[k + 1] - 1});
       a.can_consume[d] = 1;
     }
     for (auto& [rule, targets] : call_targets) {
-      const int32_t t = intern(closure(std::move(targets)));
-      a.calls[d].push_back({compiled_of[static_cast<size_t>(rule)], t});
+      closure(targets);
+      a.calls[d].push_back({compiled_of[static_cast<size_t>(rule)], intern()});
     }
   }
+  a.next.assign(a.accepting.size() * 256, Automaton::kNone);
+  for (const Range& r : ranges)
+    std::fill_n(a.next.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r.state) * 256 + r.lo),
+                r.hi - r.lo + 1, r.target);
   return a;
 }
 
