@@ -7,11 +7,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/ops.hpp"
+#include "backend/cuda/gemm.hpp"
 #include "backend/cuda/moe_router.cuh"
 #include "gpu_test_util.hpp"
 
@@ -73,6 +75,61 @@ TEST_F(CudaMoeRouter, TiledLogitsEqualCpuLinearSplitInTwo) {
       EXPECT_LE(rel_err(got, ref), kTol) << where;
       EXPECT_TRUE(pad_kept) << "wrote past an output row, " << where;
     }
+  }
+}
+
+// The tensor-core form (bf16 weights): activations split in three bf16 parts, one cuBLASLt GEMM over the
+// 3T rows, the parts' sums added. Same tolerance as the fp32 kernel: the split is exact and each product
+// exact in fp32, so only the fp32 sums' rounding differs. The split's parts must add back to x bit for bit.
+TEST_F(CudaMoeRouter, SplitBf16GemmLogitsEqualCpuLinear) {
+  std::mt19937 rng(41);
+  cu::Gemm gemm;
+  ASSERT_TRUE(gemm.init(size_t{32} << 20));
+  struct Case {
+    int64_t N, n_split, K, T;
+  };
+  const Case cases[] = {{257, 256, 2048, 1000}, {257, 256, 2048, 33}, {513, 512, 4096, 300}, {9, 8, 64, 40}};
+  for (const auto& c : cases) {
+    HostMat W(randn(rng, static_cast<size_t>(c.N * c.K)), core::DType::kBF16, c.N, c.K);
+    DevBuf<uint8_t> dW(W.bytes);
+    const int64_t ldx = c.K + 5, ldy = (c.N + 7) / 8 * 8, n1 = c.N - c.n_split;
+    auto x = randn(rng, static_cast<size_t>(c.T * ldx));
+    for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e3f;  // values far apart in magnitude
+    std::vector<float> packed(static_cast<size_t>(c.T * c.K));
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t k = 0; k < c.K; ++k) packed[t * c.K + k] = x[t * ldx + k];
+    std::vector<float> ref(static_cast<size_t>(c.T * c.N));
+    cpu::linear(packed.data(), c.T, W.mat, ref.data());
+    DevBuf<float> dx(x), y3(std::vector<float>(static_cast<size_t>(3 * c.T * ldy), 0.0f)),
+        d0(std::vector<float>(static_cast<size_t>(c.T * c.n_split), 0.0f)),
+        d1(std::vector<float>(static_cast<size_t>(c.T * n1), 0.0f));
+    DevBuf<uint16_t> parts(std::vector<uint16_t>(static_cast<size_t>(3 * c.T * c.K), 0));
+    ASSERT_EQ(cu::moe_router_split_activations(dx.get(), ldx, c.T, c.K, parts.get(), nullptr), cudaSuccess);
+    ASSERT_TRUE(
+        gemm.run(dW.get(), core::DType::kBF16, c.N, c.K, parts.get(), 3 * c.T, y3.get(), ldy, nullptr));
+    ASSERT_EQ(cu::moe_router_sum_parts(y3.get(), ldy, c.T, c.N, c.n_split, d0.get(), c.n_split, d1.get(), n1,
+                                       nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto p = parts.download();
+    const auto o0 = d0.download(), o1 = d1.download();
+    const auto bf = [](uint16_t b) {
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    int64_t split_off = 0;
+    const size_t tk = static_cast<size_t>(c.T * c.K);
+    for (size_t i = 0; i < tk; ++i) split_off += (bf(p[i]) + bf(p[tk + i])) + bf(p[2 * tk + i]) != packed[i];
+    std::vector<float> got(static_cast<size_t>(c.T * c.N));
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t n = 0; n < c.N; ++n)
+        got[t * c.N + n] = n < c.n_split ? o0[t * c.n_split + n] : o1[t * n1 + n - c.n_split];
+    const std::string where =
+        "N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " T=" + std::to_string(c.T);
+    EXPECT_EQ(split_off, 0) << "activations whose three parts do not add back to them, " << where;
+    EXPECT_LE(rel_err(got, ref), kTol) << where;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "backend/cuda/moe_router.cuh"
 
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -84,7 +86,62 @@ __global__ void __launch_bounds__(kThreads) kernel_router_logits_tiled(TiledArgs
   }
 }
 
+__global__ void kernel_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K,
+                                         __nv_bfloat16* parts) {
+  const int64_t n = T * K;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K, k = i % K;
+    const float v = x[t * ldx + k];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    const float r1 = v - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    parts[i] = hi;
+    parts[n + i] = mid;
+    parts[2 * n + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+  }
+}
+
+__global__ void kernel_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_t N, int64_t n_split,
+                                 float* out0, int64_t ld0, float* out1, int64_t ld1) {
+  const int64_t total = T * N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / N, n = i % N;
+    // Smallest first: lo + mid, then hi.
+    const float v = (y3[(2 * T + t) * ldy + n] + y3[(T + t) * ldy + n]) + y3[t * ldy + n];
+    if (n < n_split) {
+      out0[t * ld0 + n] = v;
+    } else {
+      out1[t * ld1 + (n - n_split)] = v;
+    }
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
+}
+
 }  // namespace
+
+cudaError_t moe_router_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, void* parts,
+                                         cudaStream_t stream) {
+  if (T < 0 || K < 0 || ldx < K || !parts) return cudaErrorInvalidValue;
+  if (T == 0 || K == 0) return cudaSuccess;
+  kernel_split_activations<<<grid_for(T * K), 256, 0, stream>>>(x, ldx, T, K,
+                                                                static_cast<__nv_bfloat16*>(parts));
+  return cudaGetLastError();
+}
+
+cudaError_t moe_router_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_t N, int64_t n_split,
+                                 float* out0, int64_t ld0, float* out1, int64_t ld1, cudaStream_t stream) {
+  if (T < 0 || N < 0 || n_split < 0 || n_split > N || ldy < N || (n_split < N && !out1) ||
+      (n_split > 0 && ld0 < n_split) || (n_split < N && ld1 < N - n_split))
+    return cudaErrorInvalidValue;
+  if (T == 0 || N == 0) return cudaSuccess;
+  kernel_sum_parts<<<grid_for(T * N), 256, 0, stream>>>(y3, ldy, T, N, n_split, out0, ld0, out1, ld1);
+  return cudaGetLastError();
+}
 
 cudaError_t moe_router_logits_tiled(const void* W, core::DType dtype, int64_t N, int64_t n_split, int64_t K,
                                     const float* x, int64_t ldx, int64_t T, float* out0, int64_t ld0,

@@ -24,4 +24,18 @@ cudaError_t moe_router_logits_tiled(const void* W, core::DType dtype, int64_t N,
                                     const float* x, int64_t ldx, int64_t T, float* out0, int64_t ld0,
                                     float* out1, int64_t ld1, cudaStream_t stream);
 
+// The same logits on tensor cores (a bf16 GEMM, cuBLASLt, the caller's): x split into three bf16 parts,
+// hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid), whose sum is x exactly (each part takes the
+// next 8 significant bits and a sign; tiny values past bf16's normal range aside). Each product of a part
+// and a bf16 weight is exact in fp32, so the three GEMMs' fp32 sums, added lo + mid + hi, match the fp32
+// kernel's to fp32 rounding, at a small fraction of its time on a long prefill (the SIMT kernel does
+// 2 * N * K * T flops at a few TFLOP/s).
+// parts: [3][T][K] bf16 (hi rows, then mid, then lo), 16-byte aligned; x: [T, ldx] fp32.
+cudaError_t moe_router_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, void* parts,
+                                         cudaStream_t stream);
+// y3: the GEMM's [3 * T, ldy] fp32 output over the parts (part p of token t at row p * T + t); writes
+// out0 / out1 as moe_router_logits_tiled does.
+cudaError_t moe_router_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_t N, int64_t n_split,
+                                 float* out0, int64_t ld0, float* out1, int64_t ld1, cudaStream_t stream);
+
 }  // namespace deltaflow::backend::cuda
