@@ -106,6 +106,7 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     DF_TRY(linear(ws_.xn, H, n, L.router, ws_.router, E, /*force_fp32=*/true));
     DF_TRY(linear(ws_.xn, H, n, L.shared_gate, ws_.shared_gate, 1, /*force_fp32=*/true));
   }
+  prof_.mark("moe top-k", stream_);
   DF_CUDA_TRY(moe_route(ws_.router, E, n, static_cast<int>(E), static_cast<int>(K), renorm, ws_.moe_ids,
                         ws_.moe_w, stream_));
   if (L.experts_gu.quantized) return moe_quant(L, n);
