@@ -469,6 +469,7 @@ core::Status CudaBackend::tune_gemms() {
       DF_TRY(tune(L.out_proj, ws_.y, core::DType::kF32));
     }
     if (L.is_moe) {
+      if (router_takes_gemm(L, T)) DF_TRY(gemm_.tune(router_gemm_call(L, T), kGemmCandidates, stream_));
       DF_TRY(tune_mlp(L.shared_gu, L.shared_down, ws_.y_shared));
     } else {
       DF_TRY(tune_mlp(L.gate_up, L.down, ws_.y));

@@ -273,6 +273,9 @@ class CudaBackend final : public SequenceBackend {
   cudaError_t stage_x16(const float* x, int64_t ldx, int64_t T, int64_t K, core::DType dtype);
   // Whether linear() over T rows of W runs cuBLASLt, on its input rounded to W's 16-bit type in ws_.x16.
   bool takes_gemm(int64_t T, const DMat& W) const;
+  // The MoE router's logits of n rows as a bf16 GEMM over split activations (cuda_ffn.cpp); the GEMM's call.
+  bool router_takes_gemm(const DLayer& L, int64_t n) const;
+  GemmCall router_gemm_call(const DLayer& L, int64_t n) const;
   // The cuBLASLt call of linear() with its input already in W's type (x16: [T, W.cols] packed); y [T, ldy]
   // in fp32 or in W's type.
   GemmCall gemm_call(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type,

@@ -69,6 +69,22 @@ core::Expected<CudaBackend::SortedSlots> CudaBackend::sort_slots_by_expert(int64
   return s;
 }
 
+bool CudaBackend::router_takes_gemm(const DLayer& L, int64_t n) const {
+  const int64_t H = config_.hidden_size, K = config_.num_experts_per_tok;
+  const GemmCall c = router_gemm_call(L, n);
+  // The parts go through ws_.x16, the [3n, E + 1] product through ws_.ys (the experts' outputs, not yet
+  // written: it holds max_rows_ * K * H floats).
+  return L.router_gate.data && L.router_gate.dtype == core::DType::kBF16 && n > kGemvMaxRows && !opt_.exact &&
+         gemm_.ready() && H % 8 == 0 && static_cast<size_t>(c.T * H) <= ws_.x16_elems && 3 * c.ldy <= K * H;
+}
+
+GemmCall CudaBackend::router_gemm_call(const DLayer& L, int64_t n) const {
+  const int64_t N = config_.num_experts + 1;
+  // Output rows padded to 8 floats (32 bytes), the alignment cuBLASLt's fast kernels want.
+  return GemmCall{L.router_gate.data, core::DType::kBF16, N, config_.hidden_size, ws_.x16, 3 * n, ws_.ys,
+                  core::DType::kF32,  (N + 7) / 8 * 8};
+}
+
 core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const auto& c = config_;
   const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
@@ -83,19 +99,14 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   prof_.mark("moe router", stream_);
   // A bf16 router over a prefill chunk: its fp32 product as three bf16 GEMMs on tensor cores (one cuBLASLt
   // call over the activations split in three, moe_router.cuh), not the SIMT kernel (10% of a 4096-token
-  // Qwen3.5-35B-A3B prefill on an H100). The parts go through ws_.x16, the [3n, E + 1] product through
-  // ws_.ys (the experts' outputs, not yet written); its rows padded to 8 floats.
-  const int64_t n_logits = E + 1, ld_parts = (n_logits + 7) / 8 * 8;
-  const bool router_tc = L.router_gate.data && L.router_gate.dtype == core::DType::kBF16 &&
-                         n > kGemvMaxRows && !opt_.exact && gemm_.ready() && H % 8 == 0 &&
-                         static_cast<size_t>(3 * n * H) <= ws_.x16_elems && 3 * ld_parts <= K * H;
-  if (router_tc) {
+  // Qwen3.5-35B-A3B prefill on an H100).
+  if (router_takes_gemm(L, n)) {
     x16_holds_ = {};
+    const GemmCall call = router_gemm_call(L, n);
     DF_CUDA_TRY(moe_router_split_activations(ws_.xn, H, n, H, ws_.x16, stream_));
-    DF_TRY(gemm_.run(L.router_gate.data, core::DType::kBF16, n_logits, H, ws_.x16, 3 * n, ws_.ys, ld_parts,
-                     stream_));
+    DF_TRY(gemm_.run(call, stream_));
     DF_CUDA_TRY(
-        moe_router_sum_parts(ws_.ys, ld_parts, n, n_logits, E, ws_.router, E, ws_.shared_gate, 1, stream_));
+        moe_router_sum_parts(ws_.ys, call.ldy, n, E + 1, E, ws_.router, E, ws_.shared_gate, 1, stream_));
   } else if (L.router_gate.data && n > kGemvMaxRows && !opt_.exact) {
     DF_CUDA_TRY(moe_router_logits_tiled(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H, n,
                                         ws_.router, E, ws_.shared_gate, 1, stream_));
