@@ -210,4 +210,10 @@ inline unsigned grid_1d(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
 
+// Blocks of 256 threads for a grid-stride loop over n items: one item a thread, up to `cap` blocks.
+inline unsigned grid_stride_256(int64_t n, int64_t cap = 8192) {
+  const int64_t blocks = (n + 255) / 256;
+  return static_cast<unsigned>(blocks < cap ? blocks : cap);
+}
+
 }  // namespace deltaflow::backend::cuda

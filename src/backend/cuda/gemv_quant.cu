@@ -562,10 +562,6 @@ __global__ void kernel_fill_value(float* p, int64_t n, float v) {
     p[i] = v;
 }
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::min<int64_t>(grid_1d(n, 256), 8192));
-}
-
 }  // namespace
 
 cudaError_t stage_activations_f16(const float* x, int64_t ldx, int T, int64_t K, void* xh, float* factor,
@@ -624,11 +620,11 @@ cudaError_t dequantize_bf16_grouped(const QuantWeight& W, int groups, void* out,
   auto* o = static_cast<__nv_bfloat16*>(out);
   // The grid-stride index, past the last item by at most one launch's threads, stays below 2^32.
   const auto fits_u32 = [](int64_t items) {
-    return items + static_cast<int64_t>(grid_for(items)) * 256 < (int64_t{1} << 32);
+    return items + static_cast<int64_t>(grid_stride_256(items)) * 256 < (int64_t{1} << 32);
   };
   // Fewer blocks per matrix when there are many: the whole set is one launch of about the same size.
   const auto per = [&](int64_t n) {
-    return dim3(std::max(1u, grid_for(n) / static_cast<unsigned>(std::min(groups, 64))),
+    return dim3(std::max(1u, grid_stride_256(n) / static_cast<unsigned>(std::min(groups, 64))),
                 static_cast<unsigned>(groups));
   };
   if (W.nvfp4) {
@@ -651,15 +647,16 @@ cudaError_t fill_quant_random(const QuantWeight& W, uint64_t seed, float scale, 
   auto* codes = const_cast<uint8_t*>(static_cast<const uint8_t*>(W.codes));
   if (W.nvfp4) {
     const int64_t bytes = (W.N + 15) / 16 * 16 * W.K / 2, sb = (W.N + 15) / 16 * 16 * W.K / 16;
-    kernel_fill_bytes<<<grid_for(bytes), 256, 0, stream>>>(codes, bytes, seed, 0);
-    kernel_fill_bytes<<<grid_for(sb), 256, 0, stream>>>(const_cast<uint8_t*>(W.scales), sb, seed + 1, 2);
-    kernel_fill_value<<<grid_for(W.N), 256, 0, stream>>>(const_cast<float*>(W.row_scales), W.N,
-                                                         scale / 6.0f * 1.33f);
+    kernel_fill_bytes<<<grid_stride_256(bytes), 256, 0, stream>>>(codes, bytes, seed, 0);
+    kernel_fill_bytes<<<grid_stride_256(sb), 256, 0, stream>>>(const_cast<uint8_t*>(W.scales), sb, seed + 1,
+                                                               2);
+    kernel_fill_value<<<grid_stride_256(W.N), 256, 0, stream>>>(const_cast<float*>(W.row_scales), W.N,
+                                                                scale / 6.0f * 1.33f);
   } else {
     const int64_t gr = (W.N + W.block_rows - 1) / W.block_rows;
-    kernel_fill_bytes<<<grid_for(W.N * W.K), 256, 0, stream>>>(codes, W.N * W.K, seed, 1);
-    kernel_fill_value<<<grid_for(gr * W.grid_cols), 256, 0, stream>>>(const_cast<float*>(W.grid),
-                                                                      gr * W.grid_cols, scale / 448.0f);
+    kernel_fill_bytes<<<grid_stride_256(W.N * W.K), 256, 0, stream>>>(codes, W.N * W.K, seed, 1);
+    kernel_fill_value<<<grid_stride_256(gr * W.grid_cols), 256, 0, stream>>>(
+        const_cast<float*>(W.grid), gr * W.grid_cols, scale / 448.0f);
   }
   return cudaGetLastError();
 }

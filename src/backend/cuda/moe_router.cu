@@ -1,7 +1,5 @@
 #include "backend/cuda/moe_router.cuh"
 
-#include <algorithm>
-
 #include "backend/cuda/common.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -118,18 +116,14 @@ __global__ void kernel_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_
   }
 }
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 8192));
-}
-
 }  // namespace
 
 cudaError_t moe_router_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, void* parts,
                                          cudaStream_t stream) {
   if (T < 0 || K < 0 || ldx < K || !parts) return cudaErrorInvalidValue;
   if (T == 0 || K == 0) return cudaSuccess;
-  kernel_split_activations<<<grid_for(T * K), 256, 0, stream>>>(x, ldx, T, K,
-                                                                static_cast<__nv_bfloat16*>(parts));
+  kernel_split_activations<<<grid_stride_256(T * K), 256, 0, stream>>>(x, ldx, T, K,
+                                                                       static_cast<__nv_bfloat16*>(parts));
   return cudaGetLastError();
 }
 
@@ -139,7 +133,7 @@ cudaError_t moe_router_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_
       (n_split > 0 && ld0 < n_split) || (n_split < N && ld1 < N - n_split))
     return cudaErrorInvalidValue;
   if (T == 0 || N == 0) return cudaSuccess;
-  kernel_sum_parts<<<grid_for(T * N), 256, 0, stream>>>(y3, ldy, T, N, n_split, out0, ld0, out1, ld1);
+  kernel_sum_parts<<<grid_stride_256(T * N), 256, 0, stream>>>(y3, ldy, T, N, n_split, out0, ld0, out1, ld1);
   return cudaGetLastError();
 }
 

@@ -33,10 +33,6 @@ __global__ void kernel_add_into(float* __restrict__ dst, const float* __restrict
     dst[i] += src[i];
 }
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
-}
-
 }  // namespace
 
 cudaError_t embedding_gather_shard(const void* table, core::DType dtype, int64_t rows, int64_t hidden,
@@ -67,13 +63,13 @@ cudaError_t interleave_shards(const float* in, int world, int64_t rows, int64_t 
                               cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(world) * rows * cols;
   if (total == 0) return cudaSuccess;
-  kernel_interleave_shards<<<grid_for(total), 256, 0, stream>>>(in, world, rows, cols, out);
+  kernel_interleave_shards<<<grid_stride_256(total, 4096), 256, 0, stream>>>(in, world, rows, cols, out);
   return cudaGetLastError();
 }
 
 cudaError_t add_into(float* dst, const float* src, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  kernel_add_into<<<grid_for(static_cast<int64_t>(n)), 256, 0, stream>>>(dst, src, n);
+  kernel_add_into<<<grid_stride_256(static_cast<int64_t>(n), 4096), 256, 0, stream>>>(dst, src, n);
   return cudaGetLastError();
 }
 
