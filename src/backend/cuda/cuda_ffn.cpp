@@ -93,13 +93,12 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   const bool renorm = c.architecture != model::Architecture::kQwen3Next || c.norm_topk_prob;
   // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding. The
   // [router | shared gate] logits of a decode step go through the split-K router kernel (the plain GEMV would
-  // give E + 1 = 257 rows two blocks' worth of warps and a 1-row shared gate one block); a prefill's through
-  // the register-tiled one (moe_router.cuh), except in exact mode, where the split-K kernel's tiles keep
-  // prefill's logits bit-equal to decode's. Then the top-k routing; expert ids stay on the device.
+  // give E + 1 = 257 rows two blocks' worth of warps and a 1-row shared gate one block); a prefill's, for a
+  // bf16 router, through one cuBLASLt GEMM over the activations split into three exact bf16 parts
+  // (moe_router.cuh; the SIMT kernel was 10% of a 4096-token Qwen3.5-35B-A3B prefill on an H100), else
+  // through the register-tiled kernel; in exact mode always the split-K kernel, whose tiles keep prefill's
+  // logits bit-equal to decode's. Then the top-k routing; expert ids stay on the device.
   prof_.mark("moe router", stream_);
-  // A bf16 router over a prefill chunk: its fp32 product as three bf16 GEMMs on tensor cores (one cuBLASLt
-  // call over the activations split in three, moe_router.cuh), not the SIMT kernel (10% of a 4096-token
-  // Qwen3.5-35B-A3B prefill on an H100).
   if (router_takes_gemm(L, n)) {
     x16_holds_ = {};
     const GemmCall call = router_gemm_call(L, n);
