@@ -69,6 +69,7 @@ model::Mat planned_mat(const model::TextConfig& c, const std::string& module, in
                                                            : s.block_rows;
   const int64_t bc = s.fp8_scales == Fp8Scales::kBlock ? s.block_cols : cols;
   m.scale = {&kNoData, core::DType::kF32, (rows + br - 1) / br, (cols + bc - 1) / bc, br, bc};
+  m.input_scale = s.input_scale ? 1.0f : 0.0f;  // one stored: its value does not change the layout
   return m;
 }
 
@@ -282,7 +283,7 @@ struct QuantBuffers {
   size_t widest = 0;
   bool any = false;
   bool experts = false;    // quantized routed experts (a step stages its T * K slots' activations)
-  bool fp8_block = false;  // FP8 with 128 x 128 block scales (prefill quantizes activations for FP8 GEMMs)
+  bool fp8_block = false;  // FP8 on the FP8 GEMM (prefill quantizes activations: block or static scales)
 };
 
 QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix, bool exact) {
@@ -296,8 +297,10 @@ QuantBuffers quant_buffers(const model::TextConfig& c, const std::string& prefix
   auto group = [&](const std::vector<model::Mat>& parts, bool gate_up) {
     PackedQuant pq;
     const Placement pl = place(parts, gate_up, false, &pq);
+    // FP8 with 128 x 128 block scales, or with a static input scale (the same GEMM's activations).
     const auto block_scaled = [](const PackedQuant& q) {
-      return q.format == model::quant::WeightFormat::kFp8 && q.block_rows == 128 && q.block_cols == 128;
+      return q.format == model::quant::WeightFormat::kFp8 &&
+             ((q.block_rows == 128 && q.block_cols == 128) || q.input_scale > 0);
     };
     if (pl == Placement::kPacked) {
       qb.any = true;

@@ -169,6 +169,13 @@ core::Expected<PackedQuant> pack_quant(std::span<const model::Mat* const> parts,
     r0 += m->rows;
   }
   const int64_t br = stack ? std::min<int64_t>(first.scale.block_rows, first.rows) : 1;
+  p.input_scale = first.input_scale;
+  for (const model::Mat* m : parts) {
+    const bool per_tensor = m->scale.block_rows >= m->rows && m->scale.block_cols >= K;
+    if (!per_tensor || m->rows % 128 != 0 || K % 128 != 0 || !(m->input_scale > 0) ||
+        m->input_scale != first.input_scale)
+      p.input_scale = 0.0f;
+  }
   p.block_rows = br;
   p.block_cols = bc;
   p.grid_rows = (R + br - 1) / br;

@@ -46,6 +46,11 @@ struct PackedQuant {
   int64_t grid_rows = 0, grid_cols = 0, block_rows = 1, block_cols = 1;  // columns j*block_cols..
   // The sizes of the four arrays (also when layout_only left them empty).
   size_t codes_bytes = 0, scales_bytes = 0, row_scales_n = 0, grid_n = 0;
+  // FP8: the parts' static activation scale (Mat::input_scale) when prefill may run them as one FP8 GEMM
+  // with static activations: every part per-tensor, rows and columns multiples of 128 (so the grid is one
+  // value over each 128 x 128 block), one input_scale > 0 for all (q/k/v calibrated on the same input).
+  // Else 0 (the weight-only path).
+  float input_scale = 0.0f;
 };
 
 // Rows the NVFP4 tiles hold (the matrix's rows rounded up to whole tiles).

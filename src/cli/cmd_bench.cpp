@@ -292,7 +292,7 @@ int cmd_bench(const Argv& argv) {
 #else
   ArgSpec spec{{"--synthetic", "--model", "--batches", "--contexts", "--prefill", "--steps", "--seed",
                 "--prefill-chunk", "--tensor-parallel-size", "--kv-cache-dtype", "--quant"},
-               {"--json", "--no-graphs", "--profile"},
+               {"--json", "--no-graphs", "--profile", "--weight-only"},
                0};
   auto args = Args::parse(argv, spec);
   if (!args) return fail(cmd, args.message());
@@ -358,6 +358,7 @@ int cmd_bench(const Argv& argv) {
   opt.prefill_chunk = *chunk;
   opt.kv_fp8 = kv_dtype == "fp8";
   opt.synthetic_quant = quant;
+  opt.fp8_static_activations = !args->has("--weight-only");
   if (!quant.empty() && tp > 0)
     return fail(cmd, "--quant: one GPU only for now (not with --tensor-parallel-size)");
   if (opt.kv_fp8 && tp > 0) return fail(cmd, "--kv-cache-dtype fp8: not with --tensor-parallel-size yet");

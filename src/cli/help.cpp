@@ -101,6 +101,9 @@ const std::map<std::string, Help>& table() {
          {"--prefill-chunk N", "prefill chunk in tokens (default 4096)"},
          {"--kv-cache-dtype T", "auto / bf16 (the default) or fp8 KV cache"},
          {"--quant F", "synthetic quantized weights: nvfp4, fp8-block or nvfp4-mixed (dense or MoE)"},
+         {"--weight-only",
+          "prefill FP8 matrices that have a static input_scale with 16-bit activations, as the CPU reference "
+          "(default: their activations quantized to FP8 by that scale, as the checkpoint asks)"},
          kTp,
          {"--no-graphs", "decode without CUDA graphs"},
          {"--profile", "GPU time per op (graphs off)"},

@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,47 +88,53 @@ TEST_F(CudaMoeRouter, SplitBf16GemmLogitsEqualCpuLinear) {
     int64_t N, n_split, K, T;
   };
   const Case cases[] = {{257, 256, 2048, 1000}, {257, 256, 2048, 33}, {513, 512, 4096, 300}, {9, 8, 64, 40}};
+  // As the backend runs it: the GEMM over the n_split router rows; the one row after them (the shared gate)
+  // summed by the split's pass. Each case with rows of x that take 16-byte vectors and with rows that do not.
   for (const auto& c : cases) {
-    HostMat W(randn(rng, static_cast<size_t>(c.N * c.K)), core::DType::kBF16, c.N, c.K);
-    DevBuf<uint8_t> dW(W.bytes);
-    const int64_t ldx = c.K + 5, ldy = (c.N + 7) / 8 * 8, n1 = c.N - c.n_split;
-    auto x = randn(rng, static_cast<size_t>(c.T * ldx));
-    for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e3f;  // values far apart in magnitude
-    std::vector<float> packed(static_cast<size_t>(c.T * c.K));
-    for (int64_t t = 0; t < c.T; ++t)
-      for (int64_t k = 0; k < c.K; ++k) packed[t * c.K + k] = x[t * ldx + k];
-    std::vector<float> ref(static_cast<size_t>(c.T * c.N));
-    cpu::linear(packed.data(), c.T, W.mat, ref.data());
-    DevBuf<float> dx(x), y3(std::vector<float>(static_cast<size_t>(3 * c.T * ldy), 0.0f)),
-        d0(std::vector<float>(static_cast<size_t>(c.T * c.n_split), 0.0f)),
-        d1(std::vector<float>(static_cast<size_t>(c.T * n1), 0.0f));
-    DevBuf<uint16_t> parts(std::vector<uint16_t>(static_cast<size_t>(3 * c.T * c.K), 0));
-    ASSERT_EQ(cu::moe_router_split_activations(dx.get(), ldx, c.T, c.K, parts.get(), nullptr), cudaSuccess);
-    ASSERT_TRUE(
-        gemm.run(dW.get(), core::DType::kBF16, c.N, c.K, parts.get(), 3 * c.T, y3.get(), ldy, nullptr));
-    ASSERT_EQ(cu::moe_router_sum_parts(y3.get(), ldy, c.T, c.N, c.n_split, d0.get(), c.n_split, d1.get(), n1,
-                                       nullptr),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto p = parts.download();
-    const auto o0 = d0.download(), o1 = d1.download();
-    const auto bf = [](uint16_t b) {
-      const uint32_t u = static_cast<uint32_t>(b) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    };
-    int64_t split_off = 0;
-    const size_t tk = static_cast<size_t>(c.T * c.K);
-    for (size_t i = 0; i < tk; ++i) split_off += (bf(p[i]) + bf(p[tk + i])) + bf(p[2 * tk + i]) != packed[i];
-    std::vector<float> got(static_cast<size_t>(c.T * c.N));
-    for (int64_t t = 0; t < c.T; ++t)
-      for (int64_t n = 0; n < c.N; ++n)
-        got[t * c.N + n] = n < c.n_split ? o0[t * c.n_split + n] : o1[t * n1 + n - c.n_split];
-    const std::string where =
-        "N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " T=" + std::to_string(c.T);
-    EXPECT_EQ(split_off, 0) << "activations whose three parts do not add back to them, " << where;
-    EXPECT_LE(rel_err(got, ref), kTol) << where;
+    ASSERT_EQ(c.N, c.n_split + 1);
+    for (const int64_t pad : {int64_t{0}, int64_t{5}}) {
+      HostMat W(randn(rng, static_cast<size_t>(c.N * c.K)), core::DType::kBF16, c.N, c.K);
+      DevBuf<uint8_t> dW(W.bytes);
+      const int64_t ldx = c.K + pad, ldy = (c.n_split + 7) / 8 * 8;
+      auto x = randn(rng, static_cast<size_t>(c.T * ldx));
+      for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e3f;  // values far apart in magnitude
+      std::vector<float> packed(static_cast<size_t>(c.T * c.K));
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t k = 0; k < c.K; ++k) packed[t * c.K + k] = x[t * ldx + k];
+      std::vector<float> ref(static_cast<size_t>(c.T * c.N));
+      cpu::linear(packed.data(), c.T, W.mat, ref.data());
+      DevBuf<float> dx(x), y3(std::vector<float>(static_cast<size_t>(3 * c.T * ldy), 0.0f)),
+          d0(std::vector<float>(static_cast<size_t>(c.T * c.n_split), 0.0f)),
+          d1(std::vector<float>(static_cast<size_t>(c.T), 0.0f));
+      DevBuf<uint16_t> parts(std::vector<uint16_t>(static_cast<size_t>(3 * c.T * c.K), 0));
+      const uint8_t* w_gate = dW.get() + static_cast<size_t>(c.n_split * c.K) * 2;
+      ASSERT_EQ(cu::moe_router_split_activations(dx.get(), ldx, c.T, c.K, parts.get(), w_gate, d1.get(), 1,
+                                                 nullptr),
+                cudaSuccess);
+      ASSERT_TRUE(gemm.run(dW.get(), core::DType::kBF16, c.n_split, c.K, parts.get(), 3 * c.T, y3.get(), ldy,
+                           nullptr));
+      ASSERT_EQ(cu::moe_router_sum_parts(y3.get(), ldy, c.T, c.n_split, c.n_split, d0.get(), c.n_split,
+                                         nullptr, 0, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto p = parts.download();
+      const auto o0 = d0.download(), o1 = d1.download();
+      const auto bf = core::bf16_to_f32;
+      int64_t split_off = 0, hi_off = 0;
+      const size_t tk = static_cast<size_t>(c.T * c.K);
+      for (size_t i = 0; i < tk; ++i) {
+        split_off += (bf(p[i]) + bf(p[tk + i])) + bf(p[2 * tk + i]) != packed[i];
+        hi_off += p[i] != core::f32_to_bf16(packed[i]);  // the hi part is bf16(x), as convert_rows writes it
+      }
+      std::vector<float> got(static_cast<size_t>(c.T * c.N));
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t n = 0; n < c.N; ++n) got[t * c.N + n] = n < c.n_split ? o0[t * c.n_split + n] : o1[t];
+      const std::string where = "N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                " T=" + std::to_string(c.T) + " ldx=" + std::to_string(ldx);
+      EXPECT_EQ(split_off, 0) << "activations whose three parts do not add back to them, " << where;
+      EXPECT_EQ(hi_off, 0) << "hi parts that are not bf16(x), " << where;
+      EXPECT_LE(rel_err(got, ref), kTol) << where;
+    }
   }
 }
 
@@ -154,6 +159,12 @@ TEST_F(CudaMoeRouter, TiledRejectsBadArguments) {
   // Nothing to do is not an error.
   EXPECT_EQ(cu::moe_router_logits_tiled(x, core::DType::kF32, 4, 4, 4, x, 4, 0, y, 4, nullptr, 0, nullptr),
             cudaSuccess);
+  // The split: a short ldx; a dot row without its output; no parts.
+  EXPECT_EQ(cu::moe_router_split_activations(x, 3, 2, 4, y, nullptr, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_split_activations(x, 4, 2, 4, y, x, nullptr, 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cu::moe_router_split_activations(x, 4, 2, 4, nullptr, nullptr, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace

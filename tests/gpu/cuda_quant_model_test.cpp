@@ -217,30 +217,49 @@ TEST(CudaQuantSynthetic, EveryFormatLoadsAndDecodesFiniteLogits) {
   }
 }
 
-// FP8 block-128 prefill on the block-scaled FP8 GEMM (activations quantized per 128 columns) against the same
-// synthetic weights widened to bf16 (activations in bf16): close, and not equal (the FP8 path ran). The
-// tolerance, 5e-2 of the largest |logit|, is E4M3's rounding of the activations through 24 layers.
-TEST(CudaQuantSynthetic, Fp8GemmPrefillIsCloseToTheBf16Copy) {
-  ASSERT_TRUE(gpu_test::have_gpu());
+// A 300-token prefill of Qwen3.5-0.8B's shapes with synthetic `quant` weights, with the FP8 GEMM path that
+// `use` switches on and off: its logits both ways.
+void prefill_both_ways(const char* quant, bool CudaOptions::*use, std::vector<float> (&out)[2]) {
   const auto cfg = qwen35_08b();
-  std::vector<float> out[2];
-  for (int fp8 = 0; fp8 < 2; ++fp8) {
+  for (int on = 0; on < 2; ++on) {
     CudaOptions opt;
-    opt.synthetic_quant = "fp8-block";
+    opt.synthetic_quant = quant;
     opt.max_context = 1024;
-    opt.fp8_gemm = fp8 == 1;
+    opt.*use = on == 1;
     auto b = CudaBackend::synthetic(cfg, opt, 1);
     ASSERT_TRUE(b.is_ok()) << b.message();
     auto s = (*b)->new_sequence();
     std::vector<int32_t> ids(300);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % 5000);
     PrefillItem item{s.get(), ids, true};
-    ASSERT_TRUE((*b)->prefill(std::span<const PrefillItem>(&item, 1), out[fp8]).is_ok());
+    ASSERT_TRUE((*b)->prefill(std::span<const PrefillItem>(&item, 1), out[on]).is_ok());
   }
+}
+
+// FP8 block-128 prefill on the block-scaled FP8 GEMM (activations quantized per 128 columns) against the same
+// synthetic weights widened to bf16 (activations in bf16): close, and not equal (the FP8 path ran). The
+// tolerance, 5e-2 of the largest |logit|, is E4M3's rounding of the activations through 24 layers.
+TEST(CudaQuantSynthetic, Fp8GemmPrefillIsCloseToTheBf16Copy) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  std::vector<float> out[2];
+  prefill_both_ways("fp8-block", &CudaOptions::fp8_gemm, out);
   const double err = gpu_test::rel_err(out[1], out[0]);
   std::printf("fp8 gemm prefill vs bf16 copy: %.3e of the largest logit\n", err);
   EXPECT_LT(err, 5e-2);
   EXPECT_NE(out[1], out[0]) << "the FP8 GEMM did not run";
+}
+
+// nvfp4-mixed's FP8 attention and Gated DeltaNet projections with their static input scale (synthetic: amax
+// 6) on the FP8 GEMM, activations quantized by that scale, against the weight-only path (widened to bf16):
+// close, not equal. Same tolerance as above; the static scale also clips the few activations past 6.
+TEST(CudaQuantSynthetic, StaticFp8ActivationsPrefillIsCloseToWeightOnly) {
+  ASSERT_TRUE(gpu_test::have_gpu());
+  std::vector<float> out[2];
+  prefill_both_ways("nvfp4-mixed", &CudaOptions::fp8_static_activations, out);
+  const double err = gpu_test::rel_err(out[1], out[0]);
+  std::printf("static fp8 activations prefill vs weight-only: %.3e of the largest logit\n", err);
+  EXPECT_LT(err, 5e-2);
+  EXPECT_NE(out[1], out[0]) << "the static FP8 path did not run";
 }
 
 }  // namespace

@@ -157,6 +157,43 @@ TEST(QuantPack, Fp8GridsStackOrWiden) {
   }
 }
 
+// PackedQuant::input_scale: the static activation scale a group's FP8 GEMM quantizes with, set only where
+// the grid is one value over each 128 x 128 block and every member shares the scale.
+TEST(QuantPack, StaticInputScaleOnlyForPerTensorGroupsOnTheBlockGrid) {
+  const int64_t cols = 256;
+  std::vector<uint8_t> codes(static_cast<size_t>(512 * cols), 0x38);
+  float sq = 0.5f, sk = 0.25f, sv = 0.125f;
+  const auto fp8 = [&](int64_t rows, float* scale, float input_scale) {
+    model::Mat m(codes.data(), core::DType::kF8E4M3, rows, cols);
+    m.format = WeightFormat::kFp8;
+    m.scale = {scale, core::DType::kF32, 1, 1, rows, cols};
+    m.input_scale = input_scale;
+    return m;
+  };
+  const auto scale_of = [](std::vector<const model::Mat*> parts) {
+    auto p = pack_quant(parts, false);
+    EXPECT_TRUE(p.is_ok()) << p.message();
+    return p.is_ok() ? p->input_scale : -1.0f;
+  };
+  // q/k/v per tensor, 256 + 128 + 128 rows, one input scale: the group takes it.
+  model::Mat q = fp8(256, &sq, 0.02f), k = fp8(128, &sk, 0.02f), v = fp8(128, &sv, 0.02f);
+  EXPECT_EQ(scale_of({&q, &k, &v}), 0.02f);
+  EXPECT_EQ(scale_of({&q}), 0.02f);
+  // Members calibrated apart (different input scales), none stored, or a member whose rows end inside a
+  // 128-row block: weight-only.
+  model::Mat k2 = fp8(128, &sk, 0.03f), k0 = fp8(128, &sk, 0.0f), k3 = fp8(96, &sk, 0.02f);
+  EXPECT_EQ(scale_of({&q, &k2, &v}), 0.0f);
+  EXPECT_EQ(scale_of({&q, &k0, &v}), 0.0f);
+  EXPECT_EQ(scale_of({&q, &k3, &v}), 0.0f);
+  // Per-channel scales (one per row): not one value a block.
+  std::vector<float> rows(256, 0.5f);
+  model::Mat c(codes.data(), core::DType::kF8E4M3, 256, cols);
+  c.format = WeightFormat::kFp8;
+  c.scale = {rows.data(), core::DType::kF32, 256, 1, 1, cols};
+  c.input_scale = 0.02f;
+  EXPECT_EQ(scale_of({&c}), 0.0f);
+}
+
 TEST(QuantPack, ShapesTheKernelsDoNotTakeAreErrors) {
   const Nvfp4 a = random_nvfp4(16, 48, 4, 1.0f);  // 48 columns: not whole 64-column tiles
   const std::vector<const model::Mat*> parts = {&a.m};

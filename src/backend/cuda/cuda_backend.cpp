@@ -58,6 +58,12 @@ bool fp8_block_scaled(const DMat& m) {
   return m.quantized && !m.q.nvfp4 && m.q.block_rows == 128 && m.q.block_cols == 128;
 }
 
+// FP8 with a static input scale whose grid is one value a 128 x 128 block (PackedQuant::input_scale): the
+// same GEMM with statically quantized activations (enable_fp8_gemms checks the rest).
+bool fp8_static_scaled(const DMat& m) {
+  return m.quantized && !m.q.nvfp4 && m.input_scale > 0;
+}
+
 int bucket_index(int64_t n) {
   for (int i = 0; i < kNumBuckets; ++i)
     if (n <= kBuckets[i]) return i;
@@ -315,10 +321,10 @@ core::Status CudaBackend::plan_memory() {
   const auto widest = [&](const DMat& m) {
     any_quant |= m.quantized || !m.parts.empty();
     if (m.quantized) wdq = std::max(wdq, static_cast<size_t>(m.rows * m.cols));
-    fp8_block |= fp8_block_scaled(m);
+    fp8_block |= fp8_block_scaled(m) || fp8_static_scaled(m);
     for (const DMat& p : m.parts) {
       if (p.quantized) wdq = std::max(wdq, static_cast<size_t>(p.rows * p.cols));
-      fp8_block |= fp8_block_scaled(p);
+      fp8_block |= fp8_block_scaled(p) || fp8_static_scaled(p);
     }
   };
   for (const DLayer& L : layers_)
@@ -619,8 +625,9 @@ bool CudaBackend::takes_gemm(int64_t T, const DMat& W) const {
   // GEMV passes over the 4-bit or 8-bit codes read fewer bytes than writing and reading a bf16 copy.
   if (W.quantized)
     return !opt_.exact && T > kDecodeMaxRows && static_cast<size_t>(T * W.cols) <= ws_.x16_elems &&
-           (W.fp8_gemm ? fp8_gemm_rows(T) <= std::min(ws_.x8_rows, max_rows_) && W.cols <= ws_.x8_cols
-                       : static_cast<size_t>(W.rows * W.cols) <= ws_.wdq_elems);
+           (W.fp8_gemm || W.fp8_static
+                ? fp8_gemm_rows(T) <= std::min(ws_.x8_rows, max_rows_) && W.cols <= ws_.x8_cols
+                : static_cast<size_t>(W.rows * W.cols) <= ws_.wdq_elems);
   const bool half = W.dtype == core::DType::kBF16 || W.dtype == core::DType::kF16;
   return !opt_.exact && T > kGemvMaxRows && half && W.cols % 8 == 0 &&
          static_cast<size_t>(T * W.cols) <= ws_.x16_elems;
@@ -631,6 +638,15 @@ GemmCall CudaBackend::gemm_call(const void* x16, int64_t T, const DMat& W, void*
   if (W.fp8_gemm)
     return GemmCall{W.q.codes, core::DType::kF8E4M3, W.rows, W.cols, ws_.x8, fp8_gemm_rows(T), y, y_type, ldy,
                     W.q.grid,  ws_.x8_scale};
+  // Static activations: the weight's grid as 128 x 128 block scales in ws_.wdq (run_gemm writes it there;
+  // the widened copy it would otherwise hold is not needed).
+  if (W.fp8_static)
+    return GemmCall{W.q.codes,   core::DType::kF8E4M3,
+                    W.rows,      W.cols,
+                    ws_.x8,      fp8_gemm_rows(T),
+                    y,           y_type,
+                    ldy,         static_cast<const float*>(ws_.wdq),
+                    ws_.x8_scale};
   if (W.quantized) return GemmCall{ws_.wdq, core::DType::kBF16, W.rows, W.cols, x16, T, y, y_type, ldy};
   return GemmCall{W.data, W.dtype, W.rows, W.cols, x16, T, y, y_type, ldy};
 }
@@ -639,6 +655,11 @@ core::Status CudaBackend::run_gemm(const void* x16, int64_t T, const DMat& W, vo
                                    int64_t ldy) {
   if (W.fp8_gemm) {
     DF_CUDA_TRY(quantize_fp8_1x128(x16, W.cols, T, fp8_gemm_rows(T), W.cols, ws_.x8, ws_.x8_scale, stream_));
+  } else if (W.fp8_static) {
+    DF_CUDA_TRY(fp8_block_grid(W.q.grid, W.q.grid_cols, W.q.block_rows, W.q.block_cols, W.rows, W.cols,
+                               static_cast<float*>(ws_.wdq), stream_));
+    DF_CUDA_TRY(quantize_fp8_static(x16, W.cols, T, fp8_gemm_rows(T), W.cols, W.input_scale, ws_.x8,
+                                    ws_.x8_scale, stream_));
   } else if (W.quantized) {
     DF_CUDA_TRY(dequantize_bf16(W.q, ws_.wdq, stream_));
   }
@@ -647,14 +668,18 @@ core::Status CudaBackend::run_gemm(const void* x16, int64_t T, const DMat& W, vo
 
 void CudaBackend::enable_fp8_gemms() {
   // Every output buffer of these matmuls holds max_rows_ rows (the FP8 GEMM writes T rounded up to 8).
-  if (opt_.exact || !opt_.fp8_gemm || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
+  if (opt_.exact || !gemm_.ready() || ws_.x8_rows == 0 || max_rows_ % 8 != 0) return;
   const auto enable = [&](DMat& m, void* y) {
-    if (!fp8_block_scaled(m) || m.q.grid_cols * 128 != m.cols || m.cols % 512 != 0 || m.rows % 8 != 0 ||
-        m.cols > ws_.x8_cols)
-      return;
-    m.fp8_gemm = true;
-    // cuBLASLt's answer for a whole chunk; a build without the block-scaled FP8 GEMM keeps the bf16 copy.
-    m.fp8_gemm = gemm_.supports(gemm_call(ws_.x16, max_rows_, m, y, core::DType::kF32, m.rows));
+    if (m.cols % 512 != 0 || m.rows % 8 != 0 || m.cols > ws_.x8_cols) return;
+    if (fp8_block_scaled(m) && m.q.grid_cols * 128 == m.cols && opt_.fp8_gemm) {
+      m.fp8_gemm = true;
+      // cuBLASLt's answer for a whole chunk; a build without the block-scaled FP8 GEMM keeps the bf16 copy.
+      m.fp8_gemm = gemm_.supports(gemm_call(ws_.x16, max_rows_, m, y, core::DType::kF32, m.rows));
+    } else if (fp8_static_scaled(m) && opt_.fp8_static_activations &&
+               static_cast<size_t>((m.rows + 127) / 128 * (m.cols / 128)) * 4 <= ws_.wdq_elems * 2) {
+      m.fp8_static = true;
+      m.fp8_static = gemm_.supports(gemm_call(ws_.x16, max_rows_, m, y, core::DType::kF32, m.rows));
+    }
   };
   const auto each = [&](DMat& m, void* y) {
     enable(m, y);

@@ -55,6 +55,11 @@ struct CudaOptions {
   // FP8 block-128 weights: prefill chunks past the decode buckets on the block-scaled FP8 GEMM over
   // per-128-column quantized activations (false: widened to bf16 for cuBLASLt, activations in bf16).
   bool fp8_gemm = true;
+  // FP8 weights with a static input_scale (W8A8: ModelOpt FP8, nvfp4-mixed's attention projections): prefill
+  // chunks past the decode buckets quantize the activations with it, as the checkpoint asks and vLLM runs
+  // them, and take the FP8 GEMM (false: widened to bf16, weight-only, as the CPU reference of record and the
+  // decode GEMVs). Exact mode never does.
+  bool fp8_static_activations = true;
 };
 
 // A device matrix [rows, cols], row-major, in the checkpoint's element type; or quantized (NVFP4 or FP8 codes
@@ -74,6 +79,11 @@ struct DMat {
   // FP8 with 128 x 128 block scales that prefill runs on cuBLASLt's block-scaled FP8 GEMM, activations
   // quantized per 128 columns (set at load, enable_fp8_gemms); otherwise widened to bf16 first.
   bool fp8_gemm = false;
+  // FP8 whose checkpoint stores a static activation scale (PackedQuant::input_scale; else 0), and whether
+  // prefill runs it on the same block-scaled FP8 GEMM with its activations quantized by that scale
+  // (CudaOptions::fp8_static_activations; set at load, enable_fp8_gemms).
+  float input_scale = 0.0f;
+  bool fp8_static = false;
   std::vector<DMat> parts;
   size_t bytes() const { return static_cast<size_t>(rows * cols) * core::dtype_size(dtype); }
   // A plain matrix of one 16- or 32-bit type in one allocation (what the float kernels take).
@@ -284,10 +294,12 @@ class CudaBackend final : public SequenceBackend {
   // the bf16 activations quantize_fp8_1x128 reads).
   static core::DType gemm_type(const DMat& W) { return W.quantized ? core::DType::kBF16 : W.dtype; }
   // y = x16 @ W^T on cuBLASLt (gemm_call's), after what W's form needs first, enqueued on the stream: a
-  // quantized W widened to bf16 into ws_.wdq, or, for an FP8 GEMM, x16 quantized into ws_.x8 (whose padding
+  // quantized W widened to bf16 into ws_.wdq, or, for an FP8 GEMM, x16 quantized into ws_.x8 (per 128
+  // columns, or by the static input scale with the weight's grid as block scales in ws_.wdq; the padding
   // rows up to a multiple of 8 write y's rows past T: y holds max_rows_ rows).
   core::Status run_gemm(const void* x16, int64_t T, const DMat& W, void* y, core::DType y_type, int64_t ldy);
-  // At load: marks each layer's FP8 block-scaled matrix that cuBLASLt's block-scaled FP8 GEMM takes.
+  // At load: marks each layer's FP8 matrix that cuBLASLt's block-scaled FP8 GEMM takes: block-scaled ones
+  // (fp8_gemm) and, with CudaOptions::fp8_static_activations, those with a static input scale (fp8_static).
   void enable_fp8_gemms();
   // y = x @ W^T for a quantized W: GEMV tiles of kQuantGemvMaxRows rows over fp16 activations.
   core::Status linear_quant(const float* x, int64_t ldx, int64_t T, const DMat& W, float* y, int64_t ldy,

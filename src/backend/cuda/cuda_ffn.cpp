@@ -79,8 +79,9 @@ bool CudaBackend::router_takes_gemm(const DLayer& L, int64_t n) const {
 }
 
 GemmCall CudaBackend::router_gemm_call(const DLayer& L, int64_t n) const {
-  const int64_t N = config_.num_experts + 1;
-  // Output rows padded to 8 floats (32 bytes), the alignment cuBLASLt's fast kernels want.
+  // The E router rows of router_gate (the shared gate's row goes with the split, moe_router.cuh). Output
+  // rows padded to 8 floats (32 bytes), the alignment cuBLASLt's fast kernels want.
+  const int64_t N = config_.num_experts;
   return GemmCall{L.router_gate.data, core::DType::kBF16, N, config_.hidden_size, ws_.x16, 3 * n, ws_.ys,
                   core::DType::kF32,  (N + 7) / 8 * 8};
 }
@@ -94,18 +95,20 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
   // The router in fp32 whatever the mode: a near tie between experts must not flip on rounding. The
   // [router | shared gate] logits of a decode step go through the split-K router kernel (the plain GEMV would
   // give E + 1 = 257 rows two blocks' worth of warps and a 1-row shared gate one block); a prefill's, for a
-  // bf16 router, through one cuBLASLt GEMM over the activations split into three exact bf16 parts
-  // (moe_router.cuh; the SIMT kernel was 10% of a 4096-token Qwen3.5-35B-A3B prefill on an H100), else
+  // bf16 router, through one cuBLASLt GEMM of the E router rows over the activations split into three exact
+  // bf16 parts, the shared gate's row summed in the split's pass (moe_router.cuh; the SIMT kernel was 10% of
+  // a 4096-token Qwen3.5-35B-A3B prefill on an H100), else
   // through the register-tiled kernel; in exact mode always the split-K kernel, whose tiles keep prefill's
   // logits bit-equal to decode's. Then the top-k routing; expert ids stay on the device.
   prof_.mark("moe router", stream_);
-  if (router_takes_gemm(L, n)) {
+  const bool split_router = router_takes_gemm(L, n);
+  if (split_router) {
     x16_holds_ = {};
     const GemmCall call = router_gemm_call(L, n);
-    DF_CUDA_TRY(moe_router_split_activations(ws_.xn, H, n, H, ws_.x16, stream_));
+    DF_CUDA_TRY(moe_router_split_activations(ws_.xn, H, n, H, ws_.x16, L.shared_gate.data, ws_.shared_gate, 1,
+                                             stream_));
     DF_TRY(gemm_.run(call, stream_));
-    DF_CUDA_TRY(
-        moe_router_sum_parts(ws_.ys, call.ldy, n, E + 1, E, ws_.router, E, ws_.shared_gate, 1, stream_));
+    DF_CUDA_TRY(moe_router_sum_parts(ws_.ys, call.ldy, n, E, E, ws_.router, E, nullptr, 0, stream_));
   } else if (L.router_gate.data && n > kGemvMaxRows && !opt_.exact) {
     DF_CUDA_TRY(moe_router_logits_tiled(L.router_gate.data, L.router_gate.dtype, E + 1, E, H, ws_.xn, H, n,
                                         ws_.router, E, ws_.shared_gate, 1, stream_));
@@ -153,7 +156,9 @@ core::Status CudaBackend::moe(const DLayer& L, int64_t n) {
     int* n_live = sorted.n_live;
     const int room = sorted.room;
     x16_holds_ = {};
-    DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
+    // The router's split left bf16(xn) in ws_.x16's first n rows (its hi part), as convert_rows writes it.
+    if (!(split_router && dt == core::DType::kBF16))
+      DF_CUDA_TRY(convert_rows(ws_.xn, H, n, H, ws_.x16, dt, stream_));
     DF_CUDA_TRY(moe_grouped_gemm(L.experts_gu.data, dt, 2 * Im * H, static_cast<int>(2 * Im),
                                  static_cast<int>(H), ws_.x16, tiles, room, ws_.gu_s, dt, 2 * Im, stream_,
                                  ws_.sort_tok, nullptr, n_live));

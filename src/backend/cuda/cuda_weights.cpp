@@ -50,7 +50,11 @@ class Layout {
     m.cols = cols;
     if (synthetic() && !quant_.empty() && !float_only_ && cols % kQuantTileCols == 0 && rows % 16 == 0) {
       const bool fp8 = quant_ == "fp8-block" || (quant_ == "nvfp4-mixed" && attn);
-      return synthetic_quant(rows, cols, scale, fp8 ? (quant_ == "fp8-block" ? 128 : 0) : -1, gate_up);
+      DMat q = synthetic_quant(rows, cols, scale, fp8 ? (quant_ == "fp8-block" ? 128 : 0) : -1, gate_up);
+      // nvfp4-mixed's FP8 projections carry a static input scale, as ModelOpt's do (amax 6 here: the
+      // normed activations of random weights). The grid is one value (fill_quant_random), as per tensor.
+      if (fp8 && quant_ == "nvfp4-mixed" && rows % 128 == 0 && cols % 128 == 0) q.input_scale = 6.0f / 448.0f;
+      return q;
     }
     if (synthetic()) {
       m.dtype = core::DType::kBF16;
@@ -262,6 +266,7 @@ class Layout {
       q.grid_cols = p.grid_cols;
       q.block_rows = p.block_rows;
       q.block_cols = p.block_cols;
+      m.input_scale = p.input_scale;
     }
     return m;
   }

@@ -17,6 +17,20 @@ namespace deltaflow::backend::cuda {
 cudaError_t quantize_fp8_1x128(const void* x, int64_t ldx, int64_t T, int64_t T8, int64_t K, void* codes,
                                float* scales, cudaStream_t stream);
 
+// Static FP8 activations (a checkpoint's per-tensor input_scale: ModelOpt FP8 and nvfp4-mixed's attention
+// projections, compressed-tensors W8A8 static): the same codes and scale layout as quantize_fp8_1x128, with
+// every group's code e4m3(clamp(x * s, +-448)) and every scale 1 / s, s = 448 / (input_scale * 448): what
+// quant::fake_quant_fp8_static computes on the CPU, in its order of fp32 operations, here from x's bf16.
+cudaError_t quantize_fp8_static(const void* x, int64_t ldx, int64_t T, int64_t T8, int64_t K,
+                                float input_scale, void* codes, float* scales, cudaStream_t stream);
+
+// A weight's FP8 scale grid (QuantWeight: entry (i, j) covers rows i * block_rows.., columns j *
+// block_cols..) as the block-scaled GEMM's A scales: out [ceil(N / 128), K / 128], entry (i, j) the scale of
+// row 128 i, column 128 j. Right for a grid constant over each 128 x 128 block (per-tensor members whose rows
+// are multiples of 128: PackedQuant::input_scale's condition).
+cudaError_t fp8_block_grid(const float* grid, int64_t grid_cols, int64_t block_rows, int64_t block_cols,
+                           int64_t N, int64_t K, float* out, cudaStream_t stream);
+
 // Rows rounded up to what quantize_fp8_1x128 and the FP8 GEMM take.
 inline int64_t fp8_gemm_rows(int64_t T) {
   return (T + 7) / 8 * 8;

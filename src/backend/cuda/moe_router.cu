@@ -1,5 +1,7 @@
 #include "backend/cuda/moe_router.cuh"
 
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 
 namespace deltaflow::backend::cuda {
@@ -84,34 +86,84 @@ __global__ void __launch_bounds__(kThreads) kernel_router_logits_tiled(TiledArgs
   }
 }
 
-__global__ void kernel_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K,
-                                         __nv_bfloat16* parts) {
+// One block per token row (rows strided by the grid): the row's three parts, and its dot with w_dot in fp32
+// (summed per thread in column order, then over the block). V = 4 when x's rows, the parts' rows and w_dot
+// take 16-, 8- and 8-byte vectors.
+template <int V>
+__global__ void __launch_bounds__(256)
+    kernel_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, __nv_bfloat16* parts,
+                             const __nv_bfloat16* w_dot, float* dot_out, int64_t ld_dot) {
+  __shared__ float warp_sums[256 / 32];
   const int64_t n = T * K;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / K, k = i % K;
-    const float v = x[t * ldx + k];
-    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    const float r1 = v - __bfloat162float(hi);
-    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-    parts[i] = hi;
-    parts[n + i] = mid;
-    parts[2 * n + i] = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const float* xr = x + t * ldx;
+    __nv_bfloat16* p = parts + t * K;
+    float dot = 0.0f;
+    for (int64_t k = static_cast<int64_t>(threadIdx.x) * V; k < K; k += 256 * V) {
+      float v[V];
+      __nv_bfloat16 hi[V], mid[V], lo[V];
+      if constexpr (V == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(xr + k);
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+      } else {
+        v[0] = xr[k];
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        hi[i] = __float2bfloat16_rn(v[i]);
+        const float r1 = v[i] - __bfloat162float(hi[i]);
+        mid[i] = __float2bfloat16_rn(r1);
+        lo[i] = __float2bfloat16_rn(r1 - __bfloat162float(mid[i]));
+      }
+      if constexpr (V == 4) {
+        *reinterpret_cast<uint2*>(p + k) = *reinterpret_cast<const uint2*>(hi);
+        *reinterpret_cast<uint2*>(p + n + k) = *reinterpret_cast<const uint2*>(mid);
+        *reinterpret_cast<uint2*>(p + 2 * n + k) = *reinterpret_cast<const uint2*>(lo);
+      } else {
+        p[k] = hi[0], p[n + k] = mid[0], p[2 * n + k] = lo[0];
+      }
+      if (w_dot) {
+        __nv_bfloat16 w[V];
+        if constexpr (V == 4) {
+          *reinterpret_cast<uint2*>(w) = *reinterpret_cast<const uint2*>(w_dot + k);
+        } else {
+          w[0] = w_dot[k];
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) dot = fmaf(v[i], __bfloat162float(w[i]), dot);
+      }
+    }
+    if (w_dot) {  // uniform over the block: every thread takes this branch or none does
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 256 / 32; ++w) s += warp_sums[w];
+        dot_out[t * ld_dot] = s;
+      }
+      __syncthreads();  // warp_sums is read before the next row writes it
+    }
   }
 }
 
-__global__ void kernel_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_t N, int64_t n_split,
-                                 float* out0, int64_t ld0, float* out1, int64_t ld1) {
-  const int64_t total = T * N;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / N, n = i % N;
-    // Smallest first: lo + mid, then hi.
-    const float v = (y3[(2 * T + t) * ldy + n] + y3[(T + t) * ldy + n]) + y3[t * ldy + n];
-    if (n < n_split) {
-      out0[t * ld0 + n] = v;
-    } else {
-      out1[t * ld1 + (n - n_split)] = v;
+// One block per token row: lo + mid + hi of each of its N sums.
+__global__ void __launch_bounds__(256)
+    kernel_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_t N, int64_t n_split, float* out0,
+                     int64_t ld0, float* out1, int64_t ld1) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const float* hi = y3 + t * ldy;
+    const float* mid = hi + T * ldy;
+    const float* lo = mid + T * ldy;
+    for (int64_t c = threadIdx.x; c < N; c += 256) {
+      const float v = (lo[c] + mid[c]) + hi[c];  // smallest first
+      if (c < n_split) {
+        out0[t * ld0 + c] = v;
+      } else {
+        out1[t * ld1 + (c - n_split)] = v;
+      }
     }
   }
 }
@@ -119,11 +171,21 @@ __global__ void kernel_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_
 }  // namespace
 
 cudaError_t moe_router_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, void* parts,
+                                         const void* w_dot, float* dot_out, int64_t ld_dot,
                                          cudaStream_t stream) {
-  if (T < 0 || K < 0 || ldx < K || !parts) return cudaErrorInvalidValue;
+  if (T < 0 || K < 0 || ldx < K || !parts || (w_dot && (!dot_out || ld_dot < 1)))
+    return cudaErrorInvalidValue;
   if (T == 0 || K == 0) return cudaSuccess;
-  kernel_split_activations<<<grid_stride_256(T * K), 256, 0, stream>>>(x, ldx, T, K,
-                                                                       static_cast<__nv_bfloat16*>(parts));
+  const auto at = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  const bool vec = K % 4 == 0 && ldx % 4 == 0 && at(x, 16) && at(parts, 8) && (!w_dot || at(w_dot, 8));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(T, 65535));
+  auto* p = static_cast<__nv_bfloat16*>(parts);
+  const auto* w = static_cast<const __nv_bfloat16*>(w_dot);
+  if (vec) {
+    kernel_split_activations<4><<<grid, 256, 0, stream>>>(x, ldx, T, K, p, w, dot_out, ld_dot);
+  } else {
+    kernel_split_activations<1><<<grid, 256, 0, stream>>>(x, ldx, T, K, p, w, dot_out, ld_dot);
+  }
   return cudaGetLastError();
 }
 
@@ -133,7 +195,8 @@ cudaError_t moe_router_sum_parts(const float* y3, int64_t ldy, int64_t T, int64_
       (n_split > 0 && ld0 < n_split) || (n_split < N && ld1 < N - n_split))
     return cudaErrorInvalidValue;
   if (T == 0 || N == 0) return cudaSuccess;
-  kernel_sum_parts<<<grid_stride_256(T * N), 256, 0, stream>>>(y3, ldy, T, N, n_split, out0, ld0, out1, ld1);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(T, 65535));
+  kernel_sum_parts<<<grid, 256, 0, stream>>>(y3, ldy, T, N, n_split, out0, ld0, out1, ld1);
   return cudaGetLastError();
 }
 

@@ -30,8 +30,13 @@ cudaError_t moe_router_logits_tiled(const void* W, core::DType dtype, int64_t N,
 // and a bf16 weight is exact in fp32, so the three GEMMs' fp32 sums, added lo + mid + hi, match the fp32
 // kernel's to fp32 rounding, at a small fraction of its time on a long prefill (the SIMT kernel does
 // 2 * N * K * T flops at a few TFLOP/s).
-// parts: [3][T][K] bf16 (hi rows, then mid, then lo), 16-byte aligned; x: [T, ldx] fp32.
+// parts: [3][T][K] bf16 (hi rows, then mid, then lo), 16-byte aligned; x: [T, ldx] fp32. The hi rows are
+// bf16(x) rounded to nearest, as convert_rows writes them. With w_dot (bf16 [K]), the pass over x also writes
+// dot_out[t * ld_dot] = x[t] . w_dot in fp32: the shared expert's gate, one weight row that a GEMM would
+// run as a tile of its own (and whose 257th row kept cuBLASLt off its fast kernels: 257 x 2048 x 12288
+// took 0.232 ms on an H100).
 cudaError_t moe_router_split_activations(const float* x, int64_t ldx, int64_t T, int64_t K, void* parts,
+                                         const void* w_dot, float* dot_out, int64_t ld_dot,
                                          cudaStream_t stream);
 // y3: the GEMM's [3 * T, ldy] fp32 output over the parts (part p of token t at row p * T + t); writes
 // out0 / out1 as moe_router_logits_tiled does.
