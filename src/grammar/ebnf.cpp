@@ -4,7 +4,7 @@ namespace deltaflow::grammar {
 
 namespace {
 
-constexpr int kMaxRepeat = 1000;
+constexpr int kMaxEbnfRepeat = 1000;
 
 class EbnfParser {
  public:
@@ -108,7 +108,7 @@ class EbnfParser {
     long v = 0;
     while (!at_end() && peek() >= '0' && peek() <= '9') {
       v = v * 10 + (peek() - '0');
-      if (v > kMaxRepeat) fail("a repeat count above " + std::to_string(kMaxRepeat));
+      if (v > kMaxEbnfRepeat) fail("a repeat count above " + std::to_string(kMaxEbnfRepeat));
       ++pos_;
     }
     return static_cast<int>(v);

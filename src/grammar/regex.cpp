@@ -6,7 +6,7 @@ namespace deltaflow::grammar {
 
 namespace {
 
-constexpr int kMaxRepeat = 1000;
+constexpr int kMaxRegexRepeat = 1000;
 
 const std::vector<CodepointRange> kDigit = {{'0', '9'}};
 const std::vector<CodepointRange> kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
@@ -63,7 +63,7 @@ class RegexParser {
     long v = 0;
     while (!at_end() && peek() >= '0' && peek() <= '9') {
       v = v * 10 + (peek() - '0');
-      if (v > kMaxRepeat) fail("a repeat count above " + std::to_string(kMaxRepeat));
+      if (v > kMaxRegexRepeat) fail("a repeat count above " + std::to_string(kMaxRegexRepeat));
       ++pos_;
     }
     return static_cast<int>(v);

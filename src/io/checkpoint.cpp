@@ -18,10 +18,6 @@ std::string join(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-core::Error tensor_error(const std::string& file, const std::string& name, const std::string& what) {
-  return core::Error{file + ": tensor '" + name + "': " + what};
-}
-
 // weight_map: tensor name -> shard file name (a plain name inside the checkpoint directory).
 core::Expected<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
   DF_ASSIGN(const nlohmann::json index, read_json_file(index_path));

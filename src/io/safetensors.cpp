@@ -17,9 +17,6 @@ using nlohmann::json;
 core::Error file_error(std::string_view file, const std::string& what) {
   return core::Error{std::string(file) + ": " + what};
 }
-core::Error tensor_error(std::string_view file, const std::string& name, const std::string& what) {
-  return core::Error{std::string(file) + ": tensor '" + name + "': " + what};
-}
 
 // nlohmann keeps the last of two equal keys without a word; its parser callback sees every key, so we
 // track the keys of each open object and remember the first repeat.
@@ -157,6 +154,16 @@ int64_t TensorEntry::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+core::Error tensor_error(std::string_view file, const std::string& name, const std::string& what) {
+  return core::Error{std::string(file) + ": tensor '" + name + "': " + what};
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 core::Expected<SafetensorsHeader> parse_safetensors_header(const uint8_t* data, size_t size,

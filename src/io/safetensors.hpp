@@ -32,6 +32,11 @@ struct SafetensorsHeader {
   uint64_t data_offset = 0;  // 8 + header length: where the data section starts in the file
 };
 
+// "<file>: tensor '<name>': <what>", the form of every per-tensor error here.
+core::Error tensor_error(std::string_view file, const std::string& name, const std::string& what);
+// "[d0, d1, ...]": a shape as error messages print it.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 // Parses and validates the first `size` bytes of a safetensors file (`size` is the whole file's size; the
 // data section is not read). Checks: length prefix and bound, valid JSON object, known dtype, non-negative
 // shape, offsets inside the data section, numel x dtype size == bytes, no overlaps, no duplicate names.

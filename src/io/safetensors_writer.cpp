@@ -17,10 +17,6 @@
 namespace deltaflow::io {
 namespace {
 
-core::Error tensor_error(const std::string& file, const std::string& name, const std::string& what) {
-  return core::Error{file + ": tensor '" + name + "': " + what};
-}
-
 bool write_all(int fd, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (n > 0) {

@@ -2,20 +2,11 @@
 // (patch_embed.proj, pos_embed, blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.linear_fc1,mlp.linear_fc2},
 // merger.{norm,linear_fc1,linear_fc2}); no deepstack mergers in this family.
 #include <set>
-#include <sstream>
 
 #include "model/vision_weights.hpp"
 
 namespace deltaflow::model {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
 
 class VisionBinder {
  public:
@@ -27,10 +18,10 @@ class VisionBinder {
     const io::Tensor* t = ck_.find(full);
     if (!t)
       return core::Error{ck_.dir() + ": missing vision tensor '" + full + "' (expected shape " +
-                         shape_str(shape) + ")"};
+                         io::shape_string(shape) + ")"};
     if (t->shape != shape)
-      return core::Error{*t->file + ": vision tensor '" + full + "' has shape " + shape_str(t->shape) +
-                         ", expected " + shape_str(shape)};
+      return core::Error{*t->file + ": vision tensor '" + full + "' has shape " + io::shape_string(t->shape) +
+                         ", expected " + io::shape_string(shape)};
     if (t->dtype != core::DType::kBF16 && t->dtype != core::DType::kF16 && t->dtype != core::DType::kF32)
       return core::Error{*t->file + ": vision tensor '" + full + "' has dtype " +
                          std::string(core::dtype_name(t->dtype)) + ", expected BF16, F16 or F32"};

@@ -5,20 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <set>
-#include <sstream>
 
 #include "model/weights.hpp"
 
 namespace deltaflow::model {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
-}
 
 bool is_float_weight(core::DType t) {
   return t == core::DType::kBF16 || t == core::DType::kF16 || t == core::DType::kF32;
@@ -128,13 +119,13 @@ class Binder {
       std::vector<int64_t> want;
       if (s.fp8_scales == quant::Fp8Scales::kTensor) {
         if (sc->numel() != 1)
-          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + io::shape_string(sc->shape) +
                              ", expected one value (" + scheme_name(s) + " per-tensor scale)"};
       } else if (s.fp8_scales == quant::Fp8Scales::kChannel) {
         want = {N, 1};
         if (sc->shape != want && sc->shape != std::vector<int64_t>{N})
-          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
-                             ", expected " + shape_str(want) + " (" + scheme_name(s) +
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + io::shape_string(sc->shape) +
+                             ", expected " + io::shape_string(want) + " (" + scheme_name(s) +
                              " per-channel scales)"};
         v = quant::ScaleView{sc->data, sc->dtype, N, 1, 1, K};
       } else {
@@ -142,8 +133,8 @@ class Binder {
         const int64_t br = s.block_rows, bc = s.block_cols;
         want = {ceil_div(N, br), ceil_div(K, bc)};
         if (sc->shape != want)
-          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + shape_str(sc->shape) +
-                             ", expected " + shape_str(want) + " (" + scheme_name(s) + " " +
+          return core::Error{*sc->file + ": tensor '" + sname + "' has shape " + io::shape_string(sc->shape) +
+                             ", expected " + io::shape_string(want) + " (" + scheme_name(s) + " " +
                              std::to_string(br) + "x" + std::to_string(bc) + " block scales)"};
         v = quant::ScaleView{sc->data, sc->dtype, want[0], want[1], br, bc};
       }
@@ -173,11 +164,11 @@ class Binder {
                                          const std::string& what) {
     const io::Tensor* t = ck_.find(name);
     if (!t)
-      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (expected shape " + shape_str(shape) +
+      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (expected shape " + io::shape_string(shape) +
                          ", " + what + ")"};
     if (t->shape != shape)
-      return core::Error{*t->file + ": tensor '" + name + "' has shape " + shape_str(t->shape) +
-                         ", expected " + shape_str(shape) + " (" + what + ")"};
+      return core::Error{*t->file + ": tensor '" + name + "' has shape " + io::shape_string(t->shape) +
+                         ", expected " + io::shape_string(shape) + " (" + what + ")"};
     if (!is_float_weight(t->dtype))
       return core::Error{*t->file + ": tensor '" + name + "' has dtype " +
                          std::string(core::dtype_name(t->dtype)) + ", expected BF16, F16 or F32" +
@@ -213,11 +204,11 @@ class Binder {
     const io::Tensor* t = ck_.find(name);
     if (!t)
       return core::Error{ck_.dir() + ": missing tensor '" + name + "' (" + scheme_name(s) + ", expected " +
-                         std::string(core::dtype_name(dtype)) + " " + shape_str(shape) + ", " + what + ")"};
+                         std::string(core::dtype_name(dtype)) + " " + io::shape_string(shape) + ", " + what + ")"};
     if (t->dtype != dtype || t->shape != shape)
       return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
-                         " " + shape_str(t->shape) + ", expected " + std::string(core::dtype_name(dtype)) +
-                         " " + shape_str(shape) + " (" + scheme_name(s) + ", " + what + ")"};
+                         " " + io::shape_string(t->shape) + ", expected " + std::string(core::dtype_name(dtype)) +
+                         " " + io::shape_string(shape) + " (" + scheme_name(s) + ", " + what + ")"};
     used_.insert(name);
     return t;
   }
@@ -232,7 +223,7 @@ class Binder {
     if (t->numel() != 1 || t->shape.size() > 1 ||
         (t->dtype != core::DType::kF32 && t->dtype != core::DType::kBF16 && t->dtype != core::DType::kF16))
       return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
-                         " " + shape_str(t->shape) + ", expected one F32 value (" + scheme_name(s) + ")"};
+                         " " + io::shape_string(t->shape) + ", expected one F32 value (" + scheme_name(s) + ")"};
     const float v = core::load_as_f32(t->data, t->dtype, 0);
     if (!std::isfinite(v) || (nonzero && v == 0.0f))
       return core::Error{*t->file + ": tensor '" + name + "' holds " + std::to_string(v) +

@@ -243,7 +243,7 @@ void run_ollama(const http::Request&, http::Response& res, ServedModel& m, Serve
   respond_streaming(res, "application/x-ndjson", run, std::move(w));
 }
 
-void handle_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
+void handle_ollama_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   check_model(body, m, true);
@@ -326,7 +326,7 @@ Json ps_entry(const ServedModel& m) {
 void add_ollama_routes(http::Server& svr, ServerContext& ctx) {
   svr.route("POST", "/api/chat",
             guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-              handle_chat(q, r, m, ctx);
+              handle_ollama_chat(q, r, m, ctx);
             }));
   svr.route("POST", "/api/generate",
             guarded(ctx, true, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {

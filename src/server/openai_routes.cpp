@@ -297,7 +297,7 @@ OpenAICall prepare_chat(const Json& body, ServedModel& m, ServerContext& ctx,
 
 namespace {
 
-void handle_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
+void handle_openai_chat(const http::Request& req, http::Response& res, ServedModel& m, ServerContext& ctx) {
   const auto arrival = std::chrono::steady_clock::now();
   const Json body = take(parse_body(req.body));
   OpenAICall call = prepare_chat(body, m, ctx, arrival);
@@ -718,7 +718,7 @@ void handle_detokenize(const http::Request& req, http::Response& res, ServedMode
 void add_openai_routes(http::Server& svr, ServerContext& ctx) {
   svr.route("POST", "/v1/chat/completions",
             guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {
-              handle_chat(q, r, m, ctx);
+              handle_openai_chat(q, r, m, ctx);
             }));
   svr.route("POST", "/v1/completions",
             guarded(ctx, false, [&ctx](const http::Request& q, http::Response& r, ServedModel& m) {

@@ -14,7 +14,7 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
-core::Expected<std::string> read_file(const fs::path& p) {
+core::Expected<std::string> read_template_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return core::Error{"cannot read " + p.string()};
   std::stringstream ss;
@@ -23,7 +23,7 @@ core::Expected<std::string> read_file(const fs::path& p) {
 }
 
 core::Expected<Json> read_json(const fs::path& p) {
-  DF_ASSIGN(std::string text, read_file(p));
+  DF_ASSIGN(std::string text, read_template_file(p));
   try {
     return Json::parse(text);
   } catch (const std::exception& e) {
@@ -153,13 +153,13 @@ core::Expected<ChatTemplate> ChatTemplate::load(const std::string& model_dir, co
   std::map<std::string, std::string> sources;
   bool have_file = fs::exists(dir / "chat_template.jinja");
   if (have_file) {
-    DF_ASSIGN(sources["default"], read_file(dir / "chat_template.jinja"));
+    DF_ASSIGN(sources["default"], read_template_file(dir / "chat_template.jinja"));
   }
   fs::path extra = dir / "additional_chat_templates";
   if (fs::is_directory(extra, ec)) {
     for (const auto& e : fs::directory_iterator(extra, ec)) {
       if (e.path().extension() != ".jinja") continue;
-      DF_ASSIGN(sources[e.path().stem().string()], read_file(e.path()));
+      DF_ASSIGN(sources[e.path().stem().string()], read_template_file(e.path()));
     }
   }
   if (sources.size() == 1 && have_file) return from_source(sources["default"], special, limits);

@@ -15,10 +15,6 @@ namespace deltaflow::text::jinja {
 
 namespace {
 
-std::string quote(const std::string& s) {
-  return py::repr(s);
-}
-
 bool is_int_like(const Value& v) {
   return v.is_int() || v.is_bool();
 }
@@ -197,7 +193,7 @@ Value f_abs(Interpreter& in, const Value& v, CallArgs& a) {
     if (v.int_value() == INT64_MIN) in.fail("OverflowError", "integer result does not fit in 64 bits");
     return Value::integer(v.int_value() < 0 ? -v.int_value() : v.int_value());
   }
-  in.fail("TypeError", "bad operand type for abs(): " + quote(type_name(v)));
+  in.fail("TypeError", "bad operand type for abs(): " + py::repr(type_name(v)));
 }
 
 Value f_attr(Interpreter& in, const Value& v, CallArgs& a) {
@@ -285,7 +281,7 @@ Value f_dictsort(Interpreter& in, const Value& v, CallArgs& a) {
   else
     in.fail("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
   in.ensure_defined(v);
-  if (!v.is_dict()) in.fail("AttributeError", quote(type_name(v)) + " object has no attribute 'items'");
+  if (!v.is_dict()) in.fail("AttributeError", py::repr(type_name(v)) + " object has no attribute 'items'");
   std::vector<Value> items;
   for (const auto& [k, val] : v.dict_data().entries) items.push_back(Value::tuple({k, val}));
   bool cs = truthy(p[0]), rev = truthy(p[2]);
@@ -316,7 +312,7 @@ Value f_first(Interpreter& in, const Value& v, CallArgs& a) {
 
 Value f_last(Interpreter& in, const Value& v, CallArgs& a) {
   bind_args(in, "do_last", a, {});
-  if (is_lazy(v)) in.fail("TypeError", quote(type_name(v)) + " object is not reversible");
+  if (is_lazy(v)) in.fail("TypeError", py::repr(type_name(v)) + " object is not reversible");
   auto items = in.iterate(v);
   if (items.empty()) return Value::undefined("No last item, sequence was empty.");
   return items.back();
@@ -420,7 +416,7 @@ Value f_indent(Interpreter& in, const Value& v, CallArgs& a) {
     if (v.is_list() && !v.is_tuple())
       in.fail("AttributeError", "'list' object has no attribute 'splitlines'");
     if (v.is_tuple()) in.fail("TypeError", "can only concatenate tuple (not \"str\") to tuple");
-    in.fail("TypeError", "unsupported operand type(s) for +=: " + quote(type_name(v)) + " and 'str'");
+    in.fail("TypeError", "unsupported operand type(s) for +=: " + py::repr(type_name(v)) + " and 'str'");
   }
   bool markup = v.is_markup();
   std::string s = v.str() + "\n";  // the quirk jinja2 needs for splitlines
@@ -506,7 +502,7 @@ Value map_eager(Interpreter& in, const Value& v, CallArgs& a) {
       else if (k == "default")
         def = val;
       else
-        in.fail("FilterArgumentError", "Unexpected keyword argument " + quote(k));
+        in.fail("FilterArgumentError", "Unexpected keyword argument " + py::repr(k));
     }
     AttrGetter get = attrgetter(attribute, false, def);
     for (auto& item : items) out.push_back(get(in, item));
@@ -803,7 +799,7 @@ Value f_tojson(Interpreter& in, const Value& v, CallArgs& a) {
     opt.indent = std::string(static_cast<size_t>(std::clamp<int64_t>(p[1].int_value(), 0, 1 << 16)), ' ');
   } else if (!p[1].is_none()) {
     in.ensure_defined(p[1]);
-    in.fail("TypeError", "can't multiply sequence by non-int of type " + quote(type_name(p[1])));
+    in.fail("TypeError", "can't multiply sequence by non-int of type " + py::repr(type_name(p[1])));
   }
   if (!p[2].is_none()) {
     std::vector<Value> seps = in.iterate(p[2]);
@@ -843,7 +839,7 @@ Value f_truncate(Interpreter& in, const Value& v, CallArgs& a) {
   if (!v.is_string()) {
     // len(s) decides first; only strings can actually be cut.
     if (in.length(v) <= length + leeway) return v;
-    in.fail("AttributeError", quote(type_name(v)) + " object has no attribute 'rsplit'");
+    in.fail("AttributeError", py::repr(type_name(v)) + " object has no attribute 'rsplit'");
   }
   std::u32string s = py::decode(v.str());
   if (static_cast<int64_t>(s.size()) <= length + leeway) return Value::string(py::encode(s));
@@ -862,7 +858,7 @@ Value unique_eager(Interpreter& in, const Value& v, CallArgs& a) {
   for (auto& item : in.iterate(v)) {
     Value k = get(in, item);
     auto h = hash_key(k);
-    if (!h) in.fail("TypeError", "unhashable type: " + quote(type_name(k)));
+    if (!h) in.fail("TypeError", "unhashable type: " + py::repr(type_name(k)));
     if (seen.insert(*h).second) out.push_back(item);
   }
   return Value::list(std::move(out));
@@ -1269,7 +1265,7 @@ Value g_dict(Interpreter& in, CallArgs& a) {
           in.fail("ValueError", "dictionary update sequence element has length " + std::to_string(kv.size()) +
                                     "; 2 is required");
         if (!d.dict_data().set(kv[0], kv[1]))
-          in.fail("TypeError", "unhashable type: " + quote(type_name(kv[0])));
+          in.fail("TypeError", "unhashable type: " + py::repr(type_name(kv[0])));
       }
     }
   }
@@ -1722,7 +1718,7 @@ Value m_dict_get(Interpreter& in, const Value& self, CallArgs& a) {
   if (!a.kwargs.empty()) in.fail("TypeError", "get() takes no keyword arguments");
   if (a.args.empty() || a.args.size() > 2)
     in.fail("TypeError", "get expected at most 2 arguments, got " + std::to_string(a.args.size()));
-  if (!hash_key(a.args[0])) in.fail("TypeError", "unhashable type: " + quote(type_name(a.args[0])));
+  if (!hash_key(a.args[0])) in.fail("TypeError", "unhashable type: " + py::repr(type_name(a.args[0])));
   if (const Value* v = self.dict_data().get(a.args[0])) return *v;
   return a.args.size() == 2 ? a.args[1] : Value::none();
 }
@@ -1759,7 +1755,7 @@ Value m_list_copy(Interpreter& in, const Value& self, CallArgs& a) {
 
 Value unsafe(const Value& obj, const std::string& name) {
   return Value::undefined(
-      "access to attribute " + quote(name) + " of " + quote(type_name(obj)) + " object is unsafe.", true);
+      "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.", true);
 }
 
 }  // namespace

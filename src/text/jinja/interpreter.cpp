@@ -153,10 +153,6 @@ void float_divmod(double vx, double wx, double* floordiv, double* mod) {
   *mod = m;
 }
 
-std::string quote(const std::string& s) {
-  return py::repr(s);
-}
-
 }  // namespace
 
 // --- argument helpers --------------------------------------------------------------------------------
@@ -183,9 +179,9 @@ std::vector<Value> bind_args(Interpreter& in, const char* fname, const CallArgs&
       ++idx;
     }
     if (!found)
-      in.fail("TypeError", std::string(fname) + "() got an unexpected keyword argument " + quote(k));
+      in.fail("TypeError", std::string(fname) + "() got an unexpected keyword argument " + py::repr(k));
     if (set[idx])
-      in.fail("TypeError", std::string(fname) + "() got multiple values for argument " + quote(k));
+      in.fail("TypeError", std::string(fname) + "() got multiple values for argument " + py::repr(k));
     out[idx] = v;
     set[idx] = true;
   }
@@ -193,7 +189,7 @@ std::vector<Value> bind_args(Interpreter& in, const char* fname, const CallArgs&
   for (const auto& p : params) {
     if (!set[i]) {
       if (p.required)
-        in.fail("TypeError", std::string(fname) + "() missing required argument " + quote(p.name));
+        in.fail("TypeError", std::string(fname) + "() missing required argument " + py::repr(p.name));
       out[i] = p.def;
     }
     ++i;
@@ -205,7 +201,7 @@ int64_t to_index(Interpreter& in, const Value& v, const char* what) {
   if (v.is_int() || v.is_bool()) return v.int_value();
   in.ensure_defined(v);
   (void)what;
-  in.fail("TypeError", quote(type_name(v)) + " object cannot be interpreted as an integer");
+  in.fail("TypeError", py::repr(type_name(v)) + " object cannot be interpreted as an integer");
 }
 
 // --- interpreter -------------------------------------------------------------------------------------
@@ -313,7 +309,7 @@ Value Interpreter::make_namespace(CallArgs& args) {
         if (kv.size() != 2)
           fail("ValueError", "dictionary update sequence element has length " + std::to_string(kv.size()) +
                                  "; 2 is required");
-        if (!ns->attrs->set(kv[0], kv[1])) fail("TypeError", "unhashable type: " + quote(type_name(kv[0])));
+        if (!ns->attrs->set(kv[0], kv[1])) fail("TypeError", "unhashable type: " + py::repr(type_name(kv[0])));
       }
     }
   }
@@ -323,7 +319,7 @@ Value Interpreter::make_namespace(CallArgs& args) {
 
 Value Interpreter::undefined_attr(const Value& obj, const Value& name) {
   if (name.is_string())
-    return Value::undefined(quote(object_type_repr(obj)) + " has no attribute " + quote(name.str()));
+    return Value::undefined(py::repr(object_type_repr(obj)) + " has no attribute " + py::repr(name.str()));
   return Value::undefined(object_type_repr(obj) + " has no element " + to_repr(name));
 }
 
@@ -331,7 +327,7 @@ Value Interpreter::getattr(const Value& obj, const std::string& name) {
   ensure_defined(obj);
   if (name.size() > 4 && name.compare(0, 2, "__") == 0 && name.compare(name.size() - 2, 2, "__") == 0)
     return Value::undefined(
-        "access to attribute " + quote(name) + " of " + quote(type_name(obj)) + " object is unsafe.", true);
+        "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.", true);
   Value out;
   if (obj.is_object() && obj.object_data().get_attr(*this, name, &out)) return out;
   if (builtin_attribute(*this, obj, name, &out)) return out;
@@ -372,7 +368,7 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
     const std::string& k = key.str();
     if (k.size() > 4 && k.compare(0, 2, "__") == 0 && k.compare(k.size() - 2, 2, "__") == 0)
       return Value::undefined(
-          "access to attribute " + quote(key.str()) + " of " + quote(type_name(obj)) + " object is unsafe.",
+          "access to attribute " + py::repr(key.str()) + " of " + py::repr(type_name(obj)) + " object is unsafe.",
           true);
     Value out;
     if (obj.is_object() && obj.object_data().get_attr(*this, key.str(), &out)) return out;
@@ -391,7 +387,7 @@ Value Interpreter::call(const Value& fn, CallArgs& args) {
   }
   Value out;
   if (fn.is_object() && fn.object_data().call(*this, args, &out)) return out;
-  fail("TypeError", quote(type_name(fn)) + " object is not callable");
+  fail("TypeError", py::repr(type_name(fn)) + " object is not callable");
 }
 
 std::vector<Value> Interpreter::iterate(const Value& v) {
@@ -428,7 +424,7 @@ std::vector<Value> Interpreter::iterate(const Value& v) {
       return std::move(sd.items);
     }
     default:
-      fail("TypeError", quote(type_name(v)) + " object is not iterable");
+      fail("TypeError", py::repr(type_name(v)) + " object is not iterable");
   }
 }
 
@@ -447,7 +443,7 @@ int64_t Interpreter::length(const Value& v) {
         return static_cast<int64_t>(v.seq_data().items.size());
       [[fallthrough]];
     default:
-      fail("TypeError", "object of type " + quote(type_name(v)) + " has no len()");
+      fail("TypeError", "object of type " + py::repr(type_name(v)) + " has no len()");
   }
 }
 
@@ -484,8 +480,8 @@ bool Interpreter::less(const Value& a, const Value& b, const char* op) {
     auto xs = static_cast<int64_t>(x.size()), ys = static_cast<int64_t>(y.size());
     return cmp_num(0, 0, xs, ys, true);
   }
-  fail("TypeError", quote(o) + " not supported between instances of " + quote(type_name(a)) + " and " +
-                        quote(type_name(b)));
+  fail("TypeError", py::repr(o) + " not supported between instances of " + py::repr(type_name(a)) + " and " +
+                        py::repr(type_name(b)));
 }
 
 bool Interpreter::contains(const Value& container, const Value& item) {
@@ -503,14 +499,14 @@ bool Interpreter::contains(const Value& container, const Value& item) {
         if (equals(e, item)) return true;
       return false;
     case Value::Kind::kDict:
-      if (!hash_key(item)) fail("TypeError", "unhashable type: " + quote(type_name(item)));
+      if (!hash_key(item)) fail("TypeError", "unhashable type: " + py::repr(type_name(item)));
       return container.dict_data().get(item) != nullptr;
     case Value::Kind::kIterable:
       for (const auto& e : iterate(container))
         if (equals(e, item)) return true;
       return false;
     default:
-      fail("TypeError", "argument of type " + quote(type_name(container)) + " is not iterable");
+      fail("TypeError", "argument of type " + py::repr(type_name(container)) + " is not iterable");
   }
 }
 
@@ -525,8 +521,8 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
                     : op == "mod"      ? "%"
                                        : "**";
   auto unsupported = [&]() {
-    fail("TypeError", std::string("unsupported operand type(s) for ") + sym + ": " + quote(type_name(a)) +
-                          " and " + quote(type_name(b)));
+    fail("TypeError", std::string("unsupported operand type(s) for ") + sym + ": " + py::repr(type_name(a)) +
+                          " and " + py::repr(type_name(b)));
   };
   auto overflow = [&]() { fail("OverflowError", "integer result does not fit in 64 bits"); };
   bool nums = a.is_number() && b.is_number();
@@ -598,7 +594,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
           items.insert(items.end(), seq->items().begin(), seq->items().end());
       return seq->is_tuple() ? Value::tuple(std::move(items)) : Value::list(std::move(items));
     }
-    if (seq) fail("TypeError", "can't multiply sequence by non-int of type " + quote(type_name(*n)));
+    if (seq) fail("TypeError", "can't multiply sequence by non-int of type " + py::repr(type_name(*n)));
     unsupported();
   }
   if (op == "div") {
@@ -660,13 +656,13 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
 
 Value Interpreter::call_filter(const std::string& name, const Value& subject, CallArgs& args) {
   const FilterFn* fn = find_filter(name);
-  if (!fn) fail("TemplateRuntimeError", "No filter named " + quote(name) + " found.");
+  if (!fn) fail("TemplateRuntimeError", "No filter named " + py::repr(name) + " found.");
   return (*fn)(*this, subject, args);
 }
 
 bool Interpreter::call_test(const std::string& name, const Value& subject, CallArgs& args) {
   const TestFn* fn = find_test(name);
-  if (!fn) fail("TemplateRuntimeError", "No test named " + quote(name) + " found.");
+  if (!fn) fail("TemplateRuntimeError", "No test named " + py::repr(name) + " found.");
   return (*fn)(*this, subject, args);
 }
 
@@ -704,7 +700,7 @@ Value Interpreter::eval_filter(const Expr& e, const ScopePtr& scope, const Value
   eval_call_args(e, scope, 1, &args);
   offset_ = e.offset;
   const FilterFn* fn = static_cast<const FilterFn*>(e.fn);
-  if (!fn) fail("TemplateRuntimeError", "No filter named " + quote(e.name) + " found.");
+  if (!fn) fail("TemplateRuntimeError", "No filter named " + py::repr(e.name) + " found.");
   if (++depth_ > limits_.max_call_depth + 64) {
     --depth_;
     fail("LimitError", "nesting of calls too deep");
@@ -825,7 +821,7 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
       return e.value;
     case ExprKind::kName: {
       if (const Value* v = scope->find(e.name)) return *v;
-      return Value::undefined(quote(e.name) + " is undefined");
+      return Value::undefined(py::repr(e.name) + " is undefined");
     }
     case ExprKind::kList:
     case ExprKind::kTuple: {
@@ -840,7 +836,7 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
         Value k = eval(*e.children[i], scope);
         Value v = eval(*e.children[i + 1], scope);
         offset_ = e.children[i]->offset;
-        if (!d.dict_data().set(k, std::move(v))) fail("TypeError", "unhashable type: " + quote(type_name(k)));
+        if (!d.dict_data().set(k, std::move(v))) fail("TypeError", "unhashable type: " + py::repr(type_name(k)));
       }
       return d;
     }
@@ -871,7 +867,7 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
       eval_call_args(e, scope, 1, &args);
       offset_ = e.offset;
       const TestFn* fn = static_cast<const TestFn*>(e.fn);
-      if (!fn) fail("TemplateRuntimeError", "No test named " + quote(e.name) + " found.");
+      if (!fn) fail("TemplateRuntimeError", "No test named " + py::repr(e.name) + " found.");
       return Value::boolean((*fn)(*this, subject, args));
     }
     case ExprKind::kUnary: {
@@ -886,7 +882,7 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
         return Value::integer(-v.int_value());
       }
       fail("TypeError", std::string("bad operand type for unary ") + (e.name == "neg" ? "-" : "+") + ": " +
-                            quote(type_name(v)));
+                            py::repr(type_name(v)));
     }
     case ExprKind::kBinary: {
       if (e.name == "and" || e.name == "or") {
@@ -996,7 +992,7 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
     }
   }
   if (!extra.empty() && !def.uses_varargs)
-    fail("TypeError", "macro " + quote(name) + " takes not more than " + std::to_string(np) + " argument(s)");
+    fail("TypeError", "macro " + py::repr(name) + " takes not more than " + std::to_string(np) + " argument(s)");
   Value kw = Value::dict();
   Value caller = Value::undefined("No caller defined");
   for (const auto& [k, v] : args.kwargs) {
@@ -1005,7 +1001,7 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
       if (def.params[i] == k) idx = i;
     if (idx < np) {
       if (bound[idx])
-        fail("TypeError", "macro " + quote(name) + " got multiple values for argument " + quote(k));
+        fail("TypeError", "macro " + py::repr(name) + " got multiple values for argument " + py::repr(k));
       scope->set(k, v);
       bound[idx] = true;
     } else if (k == "caller" && def.uses_caller) {
@@ -1013,7 +1009,7 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
     } else if (def.uses_kwargs) {
       kw.dict_data().set(Value::string(k), v);
     } else {
-      fail("TypeError", "macro " + quote(name) + " takes no keyword argument " + quote(k));
+      fail("TypeError", "macro " + py::repr(name) + " takes no keyword argument " + py::repr(k));
     }
   }
   size_t first_default = np - def.defaults.size();
@@ -1022,7 +1018,7 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
     if (i >= first_default) {
       scope->set(def.params[i], eval(*def.defaults[i - first_default], scope));
     } else {
-      scope->set(def.params[i], Value::undefined("parameter " + quote(def.params[i]) + " was not provided"));
+      scope->set(def.params[i], Value::undefined("parameter " + py::repr(def.params[i]) + " was not provided"));
     }
   }
   if (def.uses_varargs) scope->set("varargs", Value::tuple(std::move(extra)));
