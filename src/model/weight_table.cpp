@@ -164,8 +164,8 @@ class Binder {
                                          const std::string& what) {
     const io::Tensor* t = ck_.find(name);
     if (!t)
-      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (expected shape " + io::shape_string(shape) +
-                         ", " + what + ")"};
+      return core::Error{ck_.dir() + ": missing tensor '" + name + "' (expected shape " +
+                         io::shape_string(shape) + ", " + what + ")"};
     if (t->shape != shape)
       return core::Error{*t->file + ": tensor '" + name + "' has shape " + io::shape_string(t->shape) +
                          ", expected " + io::shape_string(shape) + " (" + what + ")"};
@@ -204,11 +204,13 @@ class Binder {
     const io::Tensor* t = ck_.find(name);
     if (!t)
       return core::Error{ck_.dir() + ": missing tensor '" + name + "' (" + scheme_name(s) + ", expected " +
-                         std::string(core::dtype_name(dtype)) + " " + io::shape_string(shape) + ", " + what + ")"};
+                         std::string(core::dtype_name(dtype)) + " " + io::shape_string(shape) + ", " + what +
+                         ")"};
     if (t->dtype != dtype || t->shape != shape)
       return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
-                         " " + io::shape_string(t->shape) + ", expected " + std::string(core::dtype_name(dtype)) +
-                         " " + io::shape_string(shape) + " (" + scheme_name(s) + ", " + what + ")"};
+                         " " + io::shape_string(t->shape) + ", expected " +
+                         std::string(core::dtype_name(dtype)) + " " + io::shape_string(shape) + " (" +
+                         scheme_name(s) + ", " + what + ")"};
     used_.insert(name);
     return t;
   }
@@ -223,7 +225,8 @@ class Binder {
     if (t->numel() != 1 || t->shape.size() > 1 ||
         (t->dtype != core::DType::kF32 && t->dtype != core::DType::kBF16 && t->dtype != core::DType::kF16))
       return core::Error{*t->file + ": tensor '" + name + "' is " + std::string(core::dtype_name(t->dtype)) +
-                         " " + io::shape_string(t->shape) + ", expected one F32 value (" + scheme_name(s) + ")"};
+                         " " + io::shape_string(t->shape) + ", expected one F32 value (" + scheme_name(s) +
+                         ")"};
     const float v = core::load_as_f32(t->data, t->dtype, 0);
     if (!std::isfinite(v) || (nonzero && v == 0.0f))
       return core::Error{*t->file + ": tensor '" + name + "' holds " + std::to_string(v) +

@@ -72,8 +72,8 @@ core::Expected<CudaBackend::SortedSlots> CudaBackend::sort_slots_by_expert(int64
 bool CudaBackend::router_takes_gemm(const DLayer& L, int64_t n) const {
   const int64_t H = config_.hidden_size, K = config_.num_experts_per_tok;
   const GemmCall c = router_gemm_call(L, n);
-  // The parts go through ws_.x16, the [3n, E + 1] product through ws_.ys (the experts' outputs, not yet
-  // written: it holds max_rows_ * K * H floats).
+  // The parts go through ws_.x16, the [3n, E] product (rows of ldy floats) through ws_.ys (the experts'
+  // outputs, not yet written: it holds max_rows_ * K * H floats).
   return L.router_gate.data && L.router_gate.dtype == core::DType::kBF16 && n > kGemvMaxRows && !opt_.exact &&
          gemm_.ready() && H % 8 == 0 && static_cast<size_t>(c.T * H) <= ws_.x16_elems && 3 * c.ldy <= K * H;
 }

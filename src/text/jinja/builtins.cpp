@@ -1755,7 +1755,8 @@ Value m_list_copy(Interpreter& in, const Value& self, CallArgs& a) {
 
 Value unsafe(const Value& obj, const std::string& name) {
   return Value::undefined(
-      "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.", true);
+      "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.",
+      true);
 }
 
 }  // namespace

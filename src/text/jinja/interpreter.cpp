@@ -309,7 +309,8 @@ Value Interpreter::make_namespace(CallArgs& args) {
         if (kv.size() != 2)
           fail("ValueError", "dictionary update sequence element has length " + std::to_string(kv.size()) +
                                  "; 2 is required");
-        if (!ns->attrs->set(kv[0], kv[1])) fail("TypeError", "unhashable type: " + py::repr(type_name(kv[0])));
+        if (!ns->attrs->set(kv[0], kv[1]))
+          fail("TypeError", "unhashable type: " + py::repr(type_name(kv[0])));
       }
     }
   }
@@ -327,7 +328,8 @@ Value Interpreter::getattr(const Value& obj, const std::string& name) {
   ensure_defined(obj);
   if (name.size() > 4 && name.compare(0, 2, "__") == 0 && name.compare(name.size() - 2, 2, "__") == 0)
     return Value::undefined(
-        "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.", true);
+        "access to attribute " + py::repr(name) + " of " + py::repr(type_name(obj)) + " object is unsafe.",
+        true);
   Value out;
   if (obj.is_object() && obj.object_data().get_attr(*this, name, &out)) return out;
   if (builtin_attribute(*this, obj, name, &out)) return out;
@@ -367,9 +369,9 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
   if (key.is_string()) {
     const std::string& k = key.str();
     if (k.size() > 4 && k.compare(0, 2, "__") == 0 && k.compare(k.size() - 2, 2, "__") == 0)
-      return Value::undefined(
-          "access to attribute " + py::repr(key.str()) + " of " + py::repr(type_name(obj)) + " object is unsafe.",
-          true);
+      return Value::undefined("access to attribute " + py::repr(key.str()) + " of " +
+                                  py::repr(type_name(obj)) + " object is unsafe.",
+                              true);
     Value out;
     if (obj.is_object() && obj.object_data().get_attr(*this, key.str(), &out)) return out;
     if (builtin_attribute(*this, obj, key.str(), &out)) return out;
@@ -836,7 +838,8 @@ Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
         Value k = eval(*e.children[i], scope);
         Value v = eval(*e.children[i + 1], scope);
         offset_ = e.children[i]->offset;
-        if (!d.dict_data().set(k, std::move(v))) fail("TypeError", "unhashable type: " + py::repr(type_name(k)));
+        if (!d.dict_data().set(k, std::move(v)))
+          fail("TypeError", "unhashable type: " + py::repr(type_name(k)));
       }
       return d;
     }
@@ -992,7 +995,8 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
     }
   }
   if (!extra.empty() && !def.uses_varargs)
-    fail("TypeError", "macro " + py::repr(name) + " takes not more than " + std::to_string(np) + " argument(s)");
+    fail("TypeError",
+         "macro " + py::repr(name) + " takes not more than " + std::to_string(np) + " argument(s)");
   Value kw = Value::dict();
   Value caller = Value::undefined("No caller defined");
   for (const auto& [k, v] : args.kwargs) {
@@ -1018,7 +1022,8 @@ Value Interpreter::call_macro(const Stmt& def, const ScopePtr& closure, CallArgs
     if (i >= first_default) {
       scope->set(def.params[i], eval(*def.defaults[i - first_default], scope));
     } else {
-      scope->set(def.params[i], Value::undefined("parameter " + py::repr(def.params[i]) + " was not provided"));
+      scope->set(def.params[i],
+                 Value::undefined("parameter " + py::repr(def.params[i]) + " was not provided"));
     }
   }
   if (def.uses_varargs) scope->set("varargs", Value::tuple(std::move(extra)));
