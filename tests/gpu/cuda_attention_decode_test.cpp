@@ -302,13 +302,14 @@ TEST_F(CudaAttentionDecode, EqualsCpuWithPeakedScores) {
   EXPECT_LE(e, kTol);
 }
 
-// A row's result does not depend on the batch around it: each sequence alone equals itself in a shuffled
-// batch, bit for bit.
+// Up to kAttnInvariantRows rows a row's result does not depend on the batch around it: each sequence alone
+// equals itself in a shuffled batch, bit for bit.
 TEST_F(CudaAttentionDecode, RowsAloneEqualRowsInABatch) {
+  static_assert(cu::kAttnInvariantRows == 4, "the batch below is that many rows");
   std::mt19937 rng(44);
-  const std::vector<int> lens = {5, 64, 300, 1000, 9000};
+  const std::vector<int> lens = {64, 300, 1000, 9000};
   const Batch b = make_batch(rng, 24, 4, 256, lens, 1.0f);
-  const std::vector<int> order = {3, 0, 4, 2, 1};
+  const std::vector<int> order = {3, 0, 2, 1};
   const auto batch = run(b, order, 9000, rng);
   const size_t w = static_cast<size_t>(b.nh) * b.hd;
   for (size_t i = 0; i < order.size(); ++i) {
@@ -316,6 +317,55 @@ TEST_F(CudaAttentionDecode, RowsAloneEqualRowsInABatch) {
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + i * w))
         << "sequence of length " << lens[static_cast<size_t>(order[i])];
   }
+}
+
+// The splits a launch chooses: every token's own up to kAttnInvariantRows rows, then fewer as the rows grow
+// (never more than max_splits, never none).
+TEST_F(CudaAttentionDecode, SplitsShrinkAsTheBatchGrows) {
+  EXPECT_EQ(cu::attention_decode_splits(1, 4, 128), 128);
+  EXPECT_EQ(cu::attention_decode_splits(cu::kAttnInvariantRows, 4, 128), 128);
+  int last = 128;
+  for (int n : {5, 8, 16, 32, 64, 128, 256, 4096}) {
+    const int s = cu::attention_decode_splits(n, 4, 128);
+    EXPECT_GE(s, 1) << n;
+    EXPECT_LE(s, last) << n;
+    last = s;
+  }
+  EXPECT_EQ(cu::attention_decode_splits(4096, 4, 128), 1);
+  EXPECT_EQ(cu::attention_decode_splits(64, 4, 3), 3);
+}
+
+// Many rows: the launch takes few splits, each of hundreds of keys (many tiles per warp through both
+// cp.async stages), the combine few partials; bf16 and fp8 caches against the CPU. Then explicit split
+// counts on one batch (1: a block takes all of a token's keys; 3; max_splits) agree with the CPU too.
+TEST_F(CudaAttentionDecode, ManyRowsTakeFewLongSplits) {
+  std::mt19937 rng(47);
+  std::vector<int> lens;
+  for (int i = 0; i < 40; ++i) lens.push_back(1 + static_cast<int>(rng() % 9000));
+  lens[0] = 1;
+  lens[1] = 9000;
+  for (bool fp8 : {false, true}) {
+    const Batch b = make_batch(rng, 24, 4, 256, lens, 1.0f, fp8);
+    const int splits =
+        cu::attention_decode_splits(static_cast<int>(lens.size()), 4, cu::attention_max_splits(9000));
+    EXPECT_LT(splits, cu::attention_max_splits(9000));
+    const double e = rel_err(run(b, iota(lens.size()), 9000, rng), cpu_decode(b));
+    std::printf("[ decode tc ] %zu rows to 9000 (%d splits), %s cache: %.3g\n", lens.size(), splits,
+                fp8 ? "fp8" : "bf16", e);
+    EXPECT_LE(e, kTol);
+  }
+  const Batch b = make_batch(rng, 24, 4, 256, {1, 17, 700, 3000, 5000, 8193}, 1.0f);
+  const auto ref = cpu_decode(b);
+  for (int splits : {1, 3, cu::attention_max_splits(8200)}) {
+    DeviceBatch d(b, iota(b.lens.size()), 8200, rng);
+    d.args.splits = splits;
+    ASSERT_EQ(cu::attention(d.args, nullptr), cudaSuccess);
+    const double e = rel_err(d.out.download(), ref);
+    EXPECT_LE(e, kTol) << splits << " splits";
+  }
+  DeviceBatch d(b, iota(b.lens.size()), 8200, rng);
+  d.args.splits = cu::attention_max_splits(8200) + 1;
+  EXPECT_EQ(cu::attention(d.args, nullptr), cudaErrorInvalidValue);
 }
 
 TEST_F(CudaAttentionDecode, Fp8CacheEqualsCpuOverShapes) {

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/attention.cuh"
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
   const int t0 = blockIdx.x * qt, t1 = min(a.n_tokens, t0 + qt);
   const int npairs = (t1 - t0) * grp;
   // Decode (split_keys 0): the split size of this block's token, from its own position.
-  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t0], a.max_splits);
+  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t0], launch_splits(a));
   const int64_t kbeg = static_cast<int64_t>(sp) * split_keys;
   const int64_t kend = min64(kbeg + split_keys, static_cast<int64_t>(a.tok_pos[t1 - 1]) + 1);
   if (kbeg >= kend) return;  // past the sequence: the combine step does not read this split
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention(AttnArgs a, int qt,
 __global__ void kernel_attention_combine(AttnArgs a, int split_keys) {
   pdl_enter();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t], a.max_splits);
+  if (split_keys == 0) split_keys = attention_split_keys(a.tok_pos[t], launch_splits(a));
   const int ns = a.prefill ? 1 : (a.tok_pos[t] + split_keys) / split_keys;
   const int64_t at = (static_cast<int64_t>(t) * a.nh + h) * a.max_splits;
   float M = -INFINITY;
@@ -225,7 +226,7 @@ cudaError_t launch_attention(const AttnArgs& a, cudaStream_t s) {
     qt = 1;
     split_keys = 0;  // each token's own (attention_split_keys)
     grid = dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nkv),
-                static_cast<unsigned>(a.max_splits));
+                static_cast<unsigned>(launch_splits(a)));
     if (grp <= kWarps) {
       e = launch(kernel_attention<KvT, DPL, 1>, grid, dim3(kThreads), 0, s, a, qt, split_keys);
     } else if (grp <= 2 * kWarps) {
@@ -290,6 +291,28 @@ cudaError_t dispatch_hd(const AttnArgs& a, cudaStream_t s) {
 
 }  // namespace
 
+int attention_decode_splits(int n_tokens, int nkv, int max_splits) {
+  if (n_tokens <= kAttnInvariantRows) return max_splits;
+  static const int sms = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return v;
+  }();
+  // DELTAFLOW_ATTN_BLOCKS_PER_SM (1..256) replaces the 16, for sweeps with `bench`; unset: 16.
+  static const int per_sm = [] {
+    const char* e = std::getenv("DELTAFLOW_ATTN_BLOCKS_PER_SM");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 && v <= 256 ? v : 16;
+  }();
+  const int64_t pairs = static_cast<int64_t>(n_tokens) * std::max(nkv, 1);
+  const int64_t want = (static_cast<int64_t>(per_sm) * sms + pairs - 1) / pairs;
+  return static_cast<int>(std::clamp<int64_t>(want, 1, max_splits));
+}
+
 cudaError_t qk_norm_rope_store(const QkvArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return cudaSuccess;
   if (a.hd <= 0 || a.hd > 1024 || a.rot > a.hd || a.rot % 2 != 0) return cudaErrorInvalidValue;
@@ -305,7 +328,8 @@ cudaError_t qk_norm_rope_store(const QkvArgs& a, cudaStream_t stream) {
 cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
   if (a.n_tokens == 0) return cudaSuccess;
   if (a.nkv <= 0 || a.nh % a.nkv != 0 || a.n_tokens > 65535 * 32) return cudaErrorInvalidValue;
-  if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535)) return cudaErrorInvalidValue;
+  if (!a.prefill && (a.max_splits < 1 || a.max_splits > 65535 || a.splits < 0 || a.splits > a.max_splits))
+    return cudaErrorInvalidValue;
   if (a.cache.block_table && (a.cache.page_shift < 4 || a.cache.page_shift > 20))
     return cudaErrorInvalidValue;
   if (a.cache.fp8 && (!a.cache.k_scale || !a.cache.v_scale)) return cudaErrorInvalidValue;
@@ -325,10 +349,13 @@ cudaError_t attention(const AttnArgs& a, cudaStream_t stream) {
   // ("exact" mode) and shapes those kernels do not take stay on the fp32 SIMT kernel below.
   if (attention_prefill_tc_supports(b)) return attention_prefill_tc(b, stream);
   if (attention_decode_tc_supports(b)) {
+    if (b.splits == 0) b.splits = attention_decode_splits(b.n_tokens, b.nkv, b.max_splits);
     const cudaError_t e = attention_decode_tc(b, stream);
     return e != cudaSuccess ? e : combine(b, 0, stream);
   }
-  if (b.prefill) b.max_splits = 1;  // one split: the partial buffers are [tokens, nh, 1, hd]
+  // The fp32 kernel splits by position alone at any batch (exact mode's rows are batch-invariant).
+  b.splits = b.max_splits;
+  if (b.prefill) b.max_splits = b.splits = 1;  // one split: the partial buffers are [tokens, nh, 1, hd]
   if (b.cache.f32) return dispatch_hd<float>(b, stream);
   return b.cache.fp8 ? dispatch_hd<Fp8E4m3>(b, stream) : dispatch_hd<__nv_bfloat16>(b, stream);
 }

@@ -70,7 +70,10 @@ struct AttnArgs {
   // prefill: the tokens are one sequence at consecutive positions (blocks take tiles of queries, no split);
   // decode: one token per sequence, keys split over max_splits blocks (attention_split_keys each).
   bool prefill = false;
-  int max_splits = 1;
+  int max_splits = 1;  // the partials' stride: at most this many splits per token
+  // Splits this decode launch divides each token's keys into (1..max_splits; 0: attention() chooses,
+  // attention_decode_splits, for the tensor-core kernel, and max_splits for the fp32 one).
+  int splits = 0;
   float scale = 1.0f;
   float* part_acc = nullptr;  // workspace [tokens, nh, max_splits, hd]
   float* part_ml = nullptr;   // workspace [tokens, nh, max_splits, 2]
@@ -91,6 +94,22 @@ cudaError_t attention(const AttnArgs& args, cudaStream_t stream);
 // bf16 elements of AttnArgs.dequant a prefill over an fp8 cache needs for keys 0..max_ctx-1: k and v.
 inline int64_t attention_dequant_elems(int64_t max_ctx, int nkv, int hd) {
   return 2 * max_ctx * nkv * hd;
+}
+
+// Rows up to which a decode launch splits every token's keys by its own position alone (max_splits splits),
+// so such a row gets the same bits whatever batch it is in, as the SIMT GEMV's rows do (gemv.cuh).
+inline constexpr int kAttnInvariantRows = 4;
+
+// Splits a tensor-core decode launch of n_tokens rows uses when AttnArgs::splits is 0: max_splits up to
+// kAttnInvariantRows rows; above, about 16 blocks per SM (five or six waves of the three that fit, so the
+// last wave's idle share stays small) and no more, so each block streams a long run of keys and the partials
+// the combine reads shrink as the batch grows (64 rows of the 27B at 8K: 9 splits of 912 keys instead of
+// 128 of 64).
+int attention_decode_splits(int n_tokens, int nkv, int max_splits);
+
+// The splits of a launch: AttnArgs::splits, or max_splits where it is 0.
+__host__ __device__ inline int launch_splits(const AttnArgs& a) {
+  return a.splits > 0 ? a.splits : a.max_splits;
 }
 
 // Splits a decode launch needs for a cache of max_ctx positions.

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) kernel_attention_decode_tc(AttnArgs 
   const int t = blockIdx.x, hk = blockIdx.y, sp = blockIdx.z;
   const int grp = a.nh / a.nkv;
   const int pos = a.tok_pos[t];
-  const int split_keys = attention_split_keys(pos, a.max_splits);
+  const int split_keys = attention_split_keys(pos, launch_splits(a));
   const int kbeg = sp * split_keys;
   const int kend = min(kbeg + split_keys, pos + 1);
   if (kbeg >= kend) return;  // past the token's keys: the combine step does not read this split
@@ -310,7 +310,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.nkv),
-                  static_cast<unsigned>(a.max_splits));
+                  static_cast<unsigned>(launch_splits(a)));
   kernel_attention_decode_tc<HD, FP8><<<grid, kThreads, bytes, stream>>>(a, a.scale * 1.4426950408889634f);
   return cudaGetLastError();
 }
@@ -324,7 +324,9 @@ cudaError_t launch_hd(const AttnArgs& a, cudaStream_t stream) {
 
 bool attention_decode_tc_supports(const AttnArgs& a) {
   if (a.prefill || a.cache.f32 || a.n_tokens < 1 || a.nkv <= 0 || a.nh % a.nkv != 0) return false;
-  if (a.nh / a.nkv > kMaxGroup || a.max_splits < 1 || a.max_splits > 65535 || a.nkv > 65535) return false;
+  if (a.nh / a.nkv > kMaxGroup || a.max_splits < 1 || a.max_splits > 65535 || a.nkv > 65535 || a.splits < 0 ||
+      a.splits > a.max_splits)
+    return false;
   const bool f8 = a.cache.fp8;
   int bytes = 0;
   switch (a.hd) {
