@@ -397,6 +397,18 @@ bool Scheduler::reserve_pages(Sequence& s, int64_t end) {
   return true;
 }
 
+bool Scheduler::fits_beside_running(const Sequence& s) {
+  const auto still_needs = [&](const Sequence& q) {
+    return std::max<int64_t>(0, ceil_div(static_cast<int64_t>(q.tokens.size()), page_size_) -
+                                    static_cast<int64_t>(q.pages.size()));
+  };
+  int64_t need = still_needs(s) + std::max<int64_t>(1, pages_.total() / 100);
+  for (const auto& r : running_) need += still_needs(*r);
+  while (pages_.free_count() < need && cache_ && cache_->evict_one()) {
+  }
+  return pages_.free_count() >= need;
+}
+
 bool Scheduler::admit(Sequence& s) {
   const Checkpoint* cp = nullptr;
   if (use_cache_ && !s.req.prompt_logprobs)
@@ -636,6 +648,14 @@ bool Scheduler::step_once() {
   while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = *waiting_.front();
     if (!admit(s)) break;
+    // Only when its whole length fits beside the running sequences' (the first one always): otherwise a
+    // preempted sequence would be readmitted into the pages the decoders are about to take and preempted
+    // again, its whole length recomputed each time (measured: a 27B workload of 8K prompts whose KV was 10%
+    // short fell from 1,000 to under 100 output tok/s).
+    if (!running_.empty() && !fits_beside_running(s)) {
+      release(s, false);
+      break;
+    }
     if (!add_chunk(s)) {
       release(s, false);
       break;

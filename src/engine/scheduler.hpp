@@ -115,6 +115,10 @@ class Scheduler {
   void take_new_requests();
   bool admit(Sequence& s);
   bool reserve_pages(Sequence& s, int64_t end);
+  // Whether s, just admitted, may join the running sequences: the pages its whole known length still needs,
+  // beside those the running ones still need for theirs, and a reserve of 1% of the pool for their growth,
+  // are free (evicting prefix-cache checkpoints for them).
+  bool fits_beside_running(const Sequence& s);
   bool preempt_youngest(const Sequence* keep);
   void release(Sequence& s, bool to_cache);
   // Pushes the final event (with `last` as its last token, if any) and frees the sequence's memory (its
