@@ -20,6 +20,7 @@
 #include "cli/bench_cuda.hpp"
 #include "cli/commands.hpp"
 #include "model/config.hpp"
+#include "model/param_counts.hpp"
 
 #ifdef DELTAFLOW_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -115,51 +116,6 @@ core::Expected<std::unique_ptr<BenchModel>> load_bench_model(const std::optional
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-// Parameter counts (elements) of the matmuls one token meets.
-struct ModelCounts {
-  double dense =
-      0;  // non-expert matmul weights of all layers (attention, DeltaNet, dense FFN, router, shared)
-  double expert = 0;      // one routed expert of one layer (gate + up + down)
-  double moe_layers = 0;  // layers with routed experts
-  double lm_head = 0;
-  double kv_per_token = 0;  // KV-cache elements per token of context (all full-attention layers, K and V)
-  double state_bytes = 0;   // conv + GDN state bytes of one sequence
-};
-
-ModelCounts count(const model::TextConfig& c) {
-  ModelCounts m;
-  const double H = static_cast<double>(c.hidden_size);
-  const double C = static_cast<double>(c.linear_conv_dim()), vd = static_cast<double>(c.linear_value_dim());
-  const double nv = static_cast<double>(c.linear_num_value_heads);
-  const double nh = static_cast<double>(c.num_attention_heads),
-               nkv = static_cast<double>(c.num_key_value_heads);
-  const double hd = static_cast<double>(c.head_dim), qw = c.attn_output_gate ? 2 * hd : hd;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
-      m.dense += (C + vd + 2 * nv) * H + H * vd;
-    } else {
-      m.dense += (nh * qw + 2 * nkv * hd) * H + H * nh * hd;
-      m.kv_per_token += 2 * nkv * hd;
-    }
-    if (c.layer_is_moe(i)) {
-      const double E = static_cast<double>(c.num_experts), Im = static_cast<double>(c.moe_intermediate_size);
-      const double Is = static_cast<double>(c.shared_expert_intermediate_size);
-      m.dense += E * H + 3 * Is * H + H;
-      m.expert = 3 * Im * H;
-      m.moe_layers += 1;
-    } else {
-      m.dense += 3 * static_cast<double>(c.intermediate_size) * H;
-    }
-  }
-  m.lm_head = static_cast<double>(c.vocab_size) * H;
-  const double n_lin = static_cast<double>(c.count_layers(LayerType::kLinearAttention));
-  m.state_bytes = n_lin *
-                  (nv * static_cast<double>(c.linear_key_head_dim * c.linear_value_head_dim) +
-                   C * static_cast<double>(c.linear_conv_kernel_dim - 1)) *
-                  4;
-  return m;
 }
 
 using OpTimes = std::vector<std::pair<std::string, double>>;
@@ -372,7 +328,7 @@ int cmd_bench(const Argv& argv) {
   if (profile && !b.profile()) return fail(cmd, "--profile is not available with --tensor-parallel-size");
   if (profile) b.profile()->enable(true);
   const auto& plan = b.memory_plan();
-  const ModelCounts mc = count(config);
+  const model::ParamCounts mc = model::count_params(config);
   // Bytes per weight element: bf16 when synthetic; else what the checkpoint holds on average.
   const double all_params = mc.dense + mc.expert * mc.moe_layers * static_cast<double>(config.num_experts) +
                             (config.tie_word_embeddings ? 1 : 2) * mc.lm_head;
@@ -442,12 +398,7 @@ int cmd_bench(const Argv& argv) {
       // Bytes one step must read: every non-expert weight and lm_head once, the distinct experts the batch
       // routes to (expected count for uniform routing), each sequence's KV cache and recurrent state (read
       // and written).
-      double experts = 0;
-      if (mc.moe_layers > 0) {
-        const double E = static_cast<double>(config.num_experts),
-                     K = static_cast<double>(config.num_experts_per_tok);
-        experts = E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
-      }
+      const double experts = model::distinct_experts(config, static_cast<double>(batch));
       const double weights = (mc.dense + mc.lm_head) * wes + experts * one_expert * mc.moe_layers;
       const double ctx_mid = static_cast<double>(ctx) + 3 + static_cast<double>(*steps) / 2;
       r.bytes =

@@ -1,8 +1,10 @@
 // `deltaflow bench --requests N --input-len L --output-len M [--max-concurrency C]`: the serving benchmark.
 // N requests of L random prompt tokens and M generated tokens (no early stop) go straight to the engine (no
 // HTTP), at most C in flight; it reports total and output tokens per second, TTFT and TPOT percentiles, and
-// each decode step's time against its roofline: bytes = weights + the KV the decode rows read + the
-// recurrent states read and written, over the copy bandwidth measured in the same run (CUDA). `--prefix-hit
+// each decode step's time against its roofline: bytes = the weights the step reads (every non-expert
+// matrix and lm_head, and for a MoE model the distinct experts its rows route to, expected for uniform
+// routing; not the embedding table) + the KV the decode rows read + the recurrent states read and written,
+// over the copy bandwidth measured in the same run (CUDA). `--prefix-hit
 // K` then measures TTFT for a cached K-token prefix plus 50 new tokens.
 #include <algorithm>
 #include <chrono>
@@ -22,6 +24,8 @@
 #include "cli/model_options.hpp"
 #include "engine/generate.hpp"
 #include "engine/scheduler.hpp"
+#include "model/config.hpp"
+#include "model/param_counts.hpp"
 
 #ifdef DELTAFLOW_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
@@ -42,8 +46,19 @@ double percentile(std::vector<double> v, double p) {
 struct Roofline {
   double copy_bw = 0;    // bytes/s (0: not measured: no ratios)
   double gemm_rate = 0;  // FLOP/s
-  double weight_bytes = 0;
-  double params = 0;  // weights as parameters (2 FLOPs each per prefill row)
+  model::TextConfig config;
+  model::ParamCounts counts;
+  double weight_elem_bytes = 2;  // bytes per weight element (bf16 synthetic weights)
+  // The weight bytes a decode step of `rows` rows reads.
+  double step_weight_bytes(double rows) const {
+    return weight_elem_bytes * (counts.dense + counts.lm_head +
+                                model::distinct_experts(config, rows) * counts.expert * counts.moe_layers);
+  }
+  // FLOPs of one prefill row's matmuls (its routed experts only; lm_head is for the last rows alone).
+  double row_flops() const {
+    const double K = counts.moe_layers > 0 ? static_cast<double>(config.num_experts_per_tok) : 0.0;
+    return 2.0 * (counts.dense + K * counts.expert * counts.moe_layers);
+  }
   double kv_bytes_per_pos = 0;
   double state_bytes = 0;  // one sequence's recurrent state
 };
@@ -144,19 +159,15 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, eo.max_num_batched_tokens);
     opt.kv_fp8 = eo.kv_cache_dtype == backend::KvCacheDtype::kFp8;
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
-    l.roof.weight_bytes = static_cast<double>(b->weight_bytes());
-    l.roof.params = l.roof.weight_bytes / 2.0;
     const auto& c = b->config();
+    l.roof.config = c;
+    l.roof.counts = model::count_params(c);
     const double n_full = static_cast<double>(c.count_layers(model::LayerType::kFullAttention));
-    const double n_lin = static_cast<double>(c.count_layers(model::LayerType::kLinearAttention));
     // bf16: 2 bytes an element; fp8: 1 byte and a 4-byte scale per (position, kv head).
     const double hd = static_cast<double>(c.head_dim);
     const double row_bytes = opt.kv_fp8 ? hd + 4.0 : 2.0 * hd;
     l.roof.kv_bytes_per_pos = n_full * 2.0 * static_cast<double>(c.num_key_value_heads) * row_bytes;
-    l.roof.state_bytes =
-        n_lin * 4.0 *
-        static_cast<double>(c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1) +
-                            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim);
+    l.roof.state_bytes = l.roof.counts.state_bytes;
     DF_ASSIGN(l.roof.copy_bw, measure_copy_bandwidth());
     DF_ASSIGN(l.roof.gemm_rate, measure_gemm_rate());
     l.backend = std::make_unique<backend::SequenceStepper>(std::move(b));
@@ -264,12 +275,13 @@ int cmd_bench_serving(const Argv& argv) {
       dec_ms.push_back(1e3 * s.seconds);
       dec_rows.push_back(static_cast<double>(s.decode_rows));
       if (roof.copy_bw > 0) {
-        const double bytes = roof.weight_bytes + roof.kv_bytes_per_pos * static_cast<double>(s.kv_positions) +
+        const double bytes = roof.step_weight_bytes(static_cast<double>(s.decode_rows)) +
+                             roof.kv_bytes_per_pos * static_cast<double>(s.kv_positions) +
                              2.0 * roof.state_bytes * static_cast<double>(s.decode_rows);
         dec_ratio.push_back(bytes / s.seconds / roof.copy_bw);
       }
     } else if (s.prefill_rows > 0 && roof.gemm_rate > 0) {
-      const double flops = 2.0 * roof.params * static_cast<double>(s.prefill_rows + s.decode_rows);
+      const double flops = roof.row_flops() * static_cast<double>(s.prefill_rows + s.decode_rows);
       mixed_ratio.push_back(flops / s.seconds / roof.gemm_rate);
     }
   }
