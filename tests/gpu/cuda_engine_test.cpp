@@ -356,11 +356,14 @@ TEST_P(CudaEngine, PrefixCacheEqualsColdPrefill) {
 }
 
 // A KV budget of a few pages forces preemption by recompute: the outputs of an ample budget, and nothing
-// left held.
+// left held. Short prompts that all fit in the 9 pages at once and outputs that outgrow them (60-69
+// positions, 4-5 pages each): admission waits until a sequence's whole length fits, so it is the decodes'
+// growth that preempts (the same jobs on the CPU backend's engine, whose pages are also 16 positions: 2
+// preemptions).
 TEST_P(CudaEngine, PreemptionUnderTinyMemory) {
   if (!GetParam().exact) GTEST_SKIP() << "recompute re-chunks prefill: equal tokens are an exact-mode claim";
   std::vector<Job> jobs;
-  for (int i = 0; i < 4; ++i) jobs.push_back({prompt(40 + 9 * i, 20 + i), 24, 0.0f, 0});
+  for (int i = 0; i < 4; ++i) jobs.push_back({prompt(20 + 3 * i, 20 + i), 40, 0.0f, 0});
   start({.max_num_seqs = 4, .max_num_batched_tokens = 64, .prefix_cache = false});
   const auto ample = run(jobs);
   const double page_gb = static_cast<double>(stepper_->page_bytes()) / (1ull << 30);
