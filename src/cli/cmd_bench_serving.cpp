@@ -182,12 +182,30 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
   return l;
 }
 
+// --accept-rates: comma-separated shares of verification steps that accept each draft position.
+core::Expected<std::vector<double>> accept_rates(const std::string& text) {
+  std::vector<double> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const double x = std::strtod(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size())
+      return core::Error{"flag --accept-rates: '" + item + "' is not a number (want e.g. 0.92,0.84,0.65)"};
+    v.push_back(x);
+  }
+  if (v.empty() || v.size() > static_cast<size_t>(engine::kMaxSpeculativeTokens))
+    return core::Error{"flag --accept-rates takes 1 to " + std::to_string(engine::kMaxSpeculativeTokens) +
+                       " rates"};
+  return v;
+}
+
 }  // namespace
 
 int cmd_bench_serving(const Argv& argv) {
   const std::string cmd = "bench";
   ArgSpec spec{{"--synthetic", "--model", "--device", "--requests", "--input-len", "--output-len",
-                "--max-concurrency", "--prefix-hit", "--seed", "--tensor-parallel-size"},
+                "--max-concurrency", "--prefix-hit", "--seed", "--tensor-parallel-size", "--accept-rates"},
                {"--json"},
                0};
   add_engine_flags(spec);
@@ -207,6 +225,11 @@ int cmd_bench_serving(const Argv& argv) {
   if (!seed) return fail(cmd, seed.message());
   auto eo = parse_engine_options(*args);
   if (!eo) return fail(cmd, eo.message());
+  if (auto rates = args->get("--accept-rates")) {
+    auto p = accept_rates(*rates);
+    if (!p) return fail(cmd, p.message());
+    eo->forced_acceptance = *p;
+  }
   const int64_t need_len = std::max<int64_t>(*in_len + *out_len, *hit + 51);
   if (!args->has("--max-num-seqs")) eo->max_num_seqs = static_cast<int32_t>(std::min<long long>(*conc, 256));
   if (eo->max_model_len == 0) eo->max_model_len = need_len;
@@ -332,13 +355,23 @@ int cmd_bench_serving(const Argv& argv) {
     accepted += st.accepted_at[k];
   }
   if (!st.drafted_at.empty()) verify_steps = st.drafted_at[0];
-  if (verify_steps > 0)
+  // Verification steps (decode rows with drafts, no prompt rows) and the draft call after each step.
+  std::vector<double> verify_ms, draft_ms;
+  for (const auto& s : run_steps) {
+    if (s.draft_rows > 0 && s.prefill_rows == 0) verify_ms.push_back(1e3 * s.seconds);
+    if (s.draft_seconds > 0) draft_ms.push_back(1e3 * s.draft_seconds);
+  }
+  if (verify_steps > 0) {
     out["speculative"] = {
         {"drafted", drafted},
         {"accepted", accepted},
         {"drafted_at", st.drafted_at},
         {"accepted_at", st.accepted_at},
-        {"tokens_per_verify", 1.0 + static_cast<double>(accepted) / static_cast<double>(verify_steps)}};
+        {"tokens_per_verify", 1.0 + static_cast<double>(accepted) / static_cast<double>(verify_steps)},
+        {"verify_step_ms_p50", percentile(verify_ms, 0.5)},
+        {"draft_ms_p50", percentile(draft_ms, 0.5)}};
+    if (!eo->forced_acceptance.empty()) out["speculative"]["forced_acceptance"] = eo->forced_acceptance;
+  }
 
   if (args->has("--json")) {
     std::printf("%s\n", out.dump().c_str());
@@ -369,7 +402,13 @@ int cmd_bench_serving(const Argv& argv) {
     for (size_t k = 0; k < st.drafted_at.size(); ++k)
       std::printf(" %.0f%%", 100.0 * static_cast<double>(st.accepted_at[k]) /
                                  static_cast<double>(std::max<int64_t>(st.drafted_at[k], 1)));
-    std::printf("\n");
+    std::printf("\n  verification steps p50 %.2f ms, draft calls p50 %.2f ms\n",
+                out["speculative"]["verify_step_ms_p50"].get<double>(),
+                out["speculative"]["draft_ms_p50"].get<double>());
+    if (!eo->forced_acceptance.empty())
+      std::printf(
+          "  acceptance forced by --accept-rates (a timing profile: the tokens are not the model's, and "
+          "synthetic weights accept nothing by themselves)\n");
   }
   if (*hit > 0)
     std::printf("  prefix hit: %lld-token prefix + 50 new: TTFT %.1f ms (%lld tokens from the cache)\n",

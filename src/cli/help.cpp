@@ -120,6 +120,10 @@ const std::map<std::string, Help>& table() {
               {"--output-len M", "tokens generated per request, no early stop (default 128)"},
               {"--max-concurrency C", "requests in flight at most (default N)"},
               {"--prefix-hit K", "then TTFT of a cached K-token prefix + 50 new tokens"},
+              {"--accept-rates P1,P2,..",
+               "with --speculative-tokens: accept draft position k in a share Pk of verification steps "
+               "whatever the model draws (timing at a fixed acceptance profile; the tokens are not the "
+               "model's)"},
               {"--seed S", "prompts (and --synthetic weights) seed (default 1)"},
               kJson},
              engine_flags())}},

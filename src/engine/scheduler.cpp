@@ -92,6 +92,14 @@ core::Status Scheduler::plan() {
         std::string("--speculative-tokens: the ") + backend_.name() +
         " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
         "and a backend that runs it: cpu for now)"};
+  const auto& fa = opt_.forced_acceptance;
+  if (!fa.empty() && opt_.speculative_tokens <= 0)
+    return core::Error{"--accept-rates needs --speculative-tokens K (1.." +
+                       std::to_string(kMaxSpeculativeTokens) + ")"};
+  for (size_t k = 0; k < fa.size(); ++k)
+    if (!(fa[k] >= 0.0 && fa[k] <= 1.0) || (k > 0 && fa[k] > fa[k - 1]))
+      return core::Error{"--accept-rates: position " + std::to_string(k + 1) +
+                         "'s rate must be in [0, 1] and at most the one before it"};
   PoolGeometry g;
   g.model_len = opt_.max_model_len > 0 ? opt_.max_model_len : c.max_position_embeddings;
   // The backend's own cap (CUDA: the context it planned its workspace for) bounds the default KV budget.
@@ -849,7 +857,8 @@ void Scheduler::verify(Sequence& s, const float* rows) {
     s.computed = start + used;
     s.slot = slot_after(used);  // what finish() keeps if this token ends the sequence
     const float* lr = rows + static_cast<size_t>(j) * V;
-    const int32_t drawn = backend::sample_row(std::span<const float>(lr, V), s.sampling.spec(), work_);
+    int32_t drawn = backend::sample_row(std::span<const float>(lr, V), s.sampling.spec(), work_);
+    if (!opt_.forced_acceptance.empty() && j < n) drawn = forced_draw(s, j, drawn);
     s.checking_draft = j < n ? s.drafts[static_cast<size_t>(j)] : -1;
     s.last_id = -1;
     emit(s, drawn, lr);
@@ -877,6 +886,17 @@ void Scheduler::verify(Sequence& s, const float* rows) {
   s.snaps.clear();
   s.drafts.clear();
   s.verifying = false;
+}
+
+int32_t Scheduler::forced_draw(const Sequence& s, int64_t j, int32_t drawn) {
+  const auto& p = opt_.forced_acceptance;
+  const int32_t draft = s.drafts[static_cast<size_t>(j)];
+  const size_t k = static_cast<size_t>(j);
+  const double given = k == 0 ? 1.0 : p[k - 1];
+  const double cond = k < p.size() && given > 0 ? std::min(1.0, p[k] / given) : 0.0;
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(forced_rng_) < cond) return draft;
+  if (drawn != draft) return drawn;
+  return static_cast<int32_t>((draft + 1) % backend_.config().vocab_size);
 }
 
 // How many tokens to draft for the sequence's next step: the most k <= its ceiling for which the k-th draft

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <span>
 #include <thread>
 #include <vector>
@@ -54,6 +55,13 @@ struct SchedulerOptions {
   // step, verified by the next step (0: off; at most kMaxSpeculativeTokens). Each sequence adapts its own
   // count to how often its drafts are accepted (docs/architecture.md §4).
   int32_t speculative_tokens = 0;
+  // Benchmarks only (bench --accept-rates): draft position k is accepted in a fraction forced_acceptance[k]
+  // of verification steps, whatever the model draws (each position given the one before it: p_k / p_{k-1};
+  // non-increasing, in [0, 1]; positions past the list are never accepted). An accepted position emits its
+  // draft, a rejected one the model's draw (the next token id if the draw equals the draft), so verify and
+  // draft steps can be timed at a fixed profile on weights that accept nothing by themselves. The tokens are
+  // then not the model's. Empty: the model's own acceptance.
+  std::vector<double> forced_acceptance = {};
   // The KV cache's storage, a backend load option (LoadLimits) carried here with the engine's flags.
   backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
 };
@@ -119,6 +127,9 @@ class Scheduler {
   // beside those the running ones still need for theirs, and a reserve of 1% of the pool for their growth,
   // are free (evicting prefix-cache checkpoints for them).
   bool fits_beside_running(const Sequence& s);
+  // SchedulerOptions::forced_acceptance: the token verification emits at draft position j of s instead of
+  // the model's draw.
+  int32_t forced_draw(const Sequence& s, int64_t j, int32_t drawn);
   bool preempt_youngest(const Sequence* keep);
   void release(Sequence& s, bool to_cache);
   // Pushes the final event (with `last` as its last token, if any) and frees the sequence's memory (its
@@ -149,9 +160,10 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::deque<std::unique_ptr<Sequence>> waiting_;   // arrival order; preempted ones go back to the front
   uint64_t next_order_ = 0;
-  std::vector<float> work_;  // host sampling scratch
-  int64_t encoding_ = 0;     // sequences handed to the encoder thread and not yet back
-  std::thread encoder_;      // started and joined by the engine thread
+  std::vector<float> work_;              // host sampling scratch
+  std::mt19937_64 forced_rng_{0x5eedu};  // SchedulerOptions::forced_acceptance's draws
+  int64_t encoding_ = 0;                 // sequences handed to the encoder thread and not yet back
+  std::thread encoder_;                  // started and joined by the engine thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -97,6 +98,64 @@ TEST_P(EngineSpeculation, PreemptionAndPrefixCacheKeepTokens) {
   EXPECT_GT(sched_->stats().prefix_hit_tokens, 0);
   expect_idle();
 }
+
+class SpeculationForced : public EngineHarness {};
+
+// bench --accept-rates: verification accepts draft positions at a forced profile whatever the model draws.
+// Over about 250 verification steps (6 greedy requests of 150 tokens, K = 3, a fixed seed) the share of steps
+// that accepted position k is the profile's p_k within 0.1 (about three standard errors); all-accepting and
+// never-accepting profiles give every draft and none; every request still gets all its tokens. Bad profiles
+// and a profile without --speculative-tokens are refused when the engine starts.
+TEST_P(SpeculationForced, ForcedAcceptanceFollowsItsProfile) {
+  std::vector<Job> js;
+  for (int i = 0; i < 6; ++i) js.push_back(job(prompt(10 + 7 * i, 60 + i), 150));
+  const std::vector<double> profile = {0.9, 0.6, 0.3};
+  for (const auto& p : {profile, std::vector<double>{1.0, 1.0, 1.0}, std::vector<double>{0.0}}) {
+    start({.max_num_seqs = 8,
+           .max_num_batched_tokens = 256,
+           .prefix_cache = false,
+           .speculative_tokens = 3,
+           .forced_acceptance = p});
+    const auto got = run(js);
+    int64_t drafted = 0, accepted = 0;
+    for (size_t i = 0; i < js.size(); ++i) {
+      ASSERT_TRUE(got[i].error.empty()) << got[i].error;
+      EXPECT_EQ(got[i].ids.size(), 150u) << "job " << i;
+      drafted += got[i].drafted;
+      accepted += got[i].accepted;
+    }
+    const auto st = sched_->stats();
+    ASSERT_EQ(st.drafted_at.size(), 3u);
+    if (p == profile) {
+      for (size_t k = 0; k < 3; ++k) {
+        const double share = static_cast<double>(st.accepted_at[k]) / static_cast<double>(st.drafted_at[k]);
+        std::printf("[ forced ] position %zu: %lld of %lld (%.3f, profile %.2f)\n", k + 1,
+                    static_cast<long long>(st.accepted_at[k]), static_cast<long long>(st.drafted_at[k]),
+                    share, p[k]);
+        EXPECT_NEAR(share, p[k], 0.1) << "position " << k + 1;
+      }
+      EXPECT_GT(st.drafted_at[0], 200);
+    } else if (p[0] == 1.0) {
+      EXPECT_GT(drafted, 0);
+      EXPECT_EQ(accepted, drafted);
+    } else {
+      EXPECT_GT(drafted, 0);
+      EXPECT_EQ(accepted, 0);
+    }
+    expect_idle();
+  }
+  sched_.reset();
+  for (const auto& bad : {SchedulerOptions{.speculative_tokens = 3, .forced_acceptance = {0.5, 0.7}},
+                          SchedulerOptions{.speculative_tokens = 3, .forced_acceptance = {1.5}},
+                          SchedulerOptions{.forced_acceptance = {0.5}}}) {
+    auto o = bad;
+    o.max_model_len = 512;
+    EXPECT_FALSE(Scheduler::start(*backend_, o).is_ok());
+  }
+}
+
+// The forced draws do not depend on the model (one preset is enough).
+INSTANTIATE_TEST_SUITE_P(Presets, SpeculationForced, ::testing::Values("dense"));
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineSpeculation,
                          ::testing::Values("dense", "moe", "tied", "next", "multimodal", "house"));
