@@ -293,15 +293,7 @@ cudaError_t dispatch_hd(const AttnArgs& a, cudaStream_t s) {
 
 int attention_decode_splits(int n_tokens, int nkv, int max_splits) {
   if (n_tokens <= kAttnInvariantRows) return max_splits;
-  static const int sms = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 132;
-    }
-    return v;
-  }();
+  static const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount, 132);
   // DELTAFLOW_ATTN_BLOCKS_PER_SM (1..256) replaces the 16, for sweeps with `bench`; unset: 16.
   static const int per_sm = [] {
     const char* e = std::getenv("DELTAFLOW_ATTN_BLOCKS_PER_SM");

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/common.cuh"
+
 namespace deltaflow::backend::cuda::attn_tc {
 
 // A shared tile row is HD bf16 in 16-byte chunks; chunk c of row r is stored at chunk c ^ (r & 7), so the 8
@@ -63,15 +65,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The shared memory one block may opt in to on the current device (0 when it cannot be read).
 inline int max_smem_optin() {
-  static const int bytes = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return v;
-  }();
+  static const int bytes = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
   return bytes;
 }
 

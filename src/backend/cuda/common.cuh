@@ -216,4 +216,15 @@ inline unsigned grid_stride_256(int64_t n, int64_t cap = 8192) {
   return static_cast<unsigned>(blocks < cap ? blocks : cap);
 }
 
+// An attribute of the current device, or `fallback` when it cannot be read (the error is cleared). Callers
+// keep the answer in a function-local static: it is asked once per process.
+inline int current_device_attribute(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return fallback;
+  }
+  return v;
+}
+
 }  // namespace deltaflow::backend::cuda
