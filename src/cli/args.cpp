@@ -71,8 +71,14 @@ core::Expected<double> Args::get_double(const std::string& flag, double def) con
   return x;
 }
 
-core::Expected<std::vector<int>> parse_id_list(const std::string& text, const std::string& flag) {
-  std::vector<int> ids;
+namespace {
+
+// The comma-separated items of a flag's value, each parsed by `parse` (nullopt: not valid, an error naming
+// the flag, the item and `what`); an empty value or an empty item is an error.
+template <class T, class Parse>
+core::Expected<std::vector<T>> parse_list(const std::string& text, const std::string& flag, const char* what,
+                                          Parse parse) {
+  std::vector<T> out;
   size_t pos = 0;
   if (text.empty()) return core::Error{"flag " + flag + " is empty"};
   while (pos <= text.size()) {
@@ -80,14 +86,32 @@ core::Expected<std::vector<int>> parse_id_list(const std::string& text, const st
     if (comma == std::string::npos) comma = text.size();
     const std::string item = text.substr(pos, comma - pos);
     errno = 0;
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || errno != 0 || v < 0 || v > 0x7fffffff)
-      return core::Error{"flag " + flag + ": '" + item + "' is not a token id"};
-    ids.push_back(static_cast<int>(v));
+    const std::optional<T> v = item.empty() ? std::nullopt : parse(item);
+    if (!v) return core::Error{"flag " + flag + ": '" + item + "' is not " + what};
+    out.push_back(*v);
     pos = comma + 1;
   }
-  return ids;
+  return out;
+}
+
+}  // namespace
+
+core::Expected<std::vector<int>> parse_id_list(const std::string& text, const std::string& flag) {
+  return parse_list<int>(text, flag, "a token id", [](const std::string& item) -> std::optional<int> {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > 0x7fffffff) return std::nullopt;
+    return static_cast<int>(v);
+  });
+}
+
+core::Expected<std::vector<double>> parse_number_list(const std::string& text, const std::string& flag) {
+  return parse_list<double>(text, flag, "a number", [](const std::string& item) -> std::optional<double> {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (*end != '\0' || errno != 0) return std::nullopt;
+    return v;
+  });
 }
 
 }  // namespace deltaflow::cli

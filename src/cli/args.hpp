@@ -38,5 +38,7 @@ class Args {
 
 // Parses "1,2,3" into ids; errors name the flag and the bad item.
 core::Expected<std::vector<int>> parse_id_list(const std::string& text, const std::string& flag);
+// Parses "0.92,0.84" into numbers; errors name the flag and the bad item.
+core::Expected<std::vector<double>> parse_number_list(const std::string& text, const std::string& flag);
 
 }  // namespace deltaflow::cli

@@ -60,7 +60,6 @@ struct Roofline {
     return 2.0 * (counts.dense + K * counts.expert * counts.moe_layers);
   }
   double kv_bytes_per_pos = 0;
-  double state_bytes = 0;  // one sequence's recurrent state
 };
 
 struct Work {
@@ -162,12 +161,9 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     const auto& c = b->config();
     l.roof.config = c;
     l.roof.counts = model::count_params(c);
-    const double n_full = static_cast<double>(c.count_layers(model::LayerType::kFullAttention));
     // bf16: 2 bytes an element; fp8: 1 byte and a 4-byte scale per (position, kv head).
     const double hd = static_cast<double>(c.head_dim);
-    const double row_bytes = opt.kv_fp8 ? hd + 4.0 : 2.0 * hd;
-    l.roof.kv_bytes_per_pos = n_full * 2.0 * static_cast<double>(c.num_key_value_heads) * row_bytes;
-    l.roof.state_bytes = l.roof.counts.state_bytes;
+    l.roof.kv_bytes_per_pos = l.roof.counts.kv_per_token * (opt.kv_fp8 ? 1.0 + 4.0 / hd : 2.0);
     DF_ASSIGN(l.roof.copy_bw, measure_copy_bandwidth());
     DF_ASSIGN(l.roof.gemm_rate, measure_gemm_rate());
     l.backend = std::make_unique<backend::SequenceStepper>(std::move(b));
@@ -184,17 +180,8 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
 
 // --accept-rates: comma-separated shares of verification steps that accept each draft position.
 core::Expected<std::vector<double>> accept_rates(const std::string& text) {
-  std::vector<double> v;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const double x = std::strtod(item.c_str(), &end);
-    if (item.empty() || end != item.c_str() + item.size())
-      return core::Error{"flag --accept-rates: '" + item + "' is not a number (want e.g. 0.92,0.84,0.65)"};
-    v.push_back(x);
-  }
-  if (v.empty() || v.size() > static_cast<size_t>(engine::kMaxSpeculativeTokens))
+  DF_ASSIGN(std::vector<double> v, parse_number_list(text, "--accept-rates"));
+  if (v.size() > static_cast<size_t>(engine::kMaxSpeculativeTokens))
     return core::Error{"flag --accept-rates takes 1 to " + std::to_string(engine::kMaxSpeculativeTokens) +
                        " rates"};
   return v;
@@ -300,7 +287,7 @@ int cmd_bench_serving(const Argv& argv) {
       if (roof.copy_bw > 0) {
         const double bytes = roof.step_weight_bytes(static_cast<double>(s.decode_rows)) +
                              roof.kv_bytes_per_pos * static_cast<double>(s.kv_positions) +
-                             2.0 * roof.state_bytes * static_cast<double>(s.decode_rows);
+                             2.0 * roof.counts.state_bytes * static_cast<double>(s.decode_rows);
         dec_ratio.push_back(bytes / s.seconds / roof.copy_bw);
       }
     } else if (s.prefill_rows > 0 && roof.gemm_rate > 0) {
