@@ -181,13 +181,98 @@ ExpertPack expert_pack(const model::TextConfig& c, const std::string& base, int6
   return e;
 }
 
-size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core::DType dt, bool exact) {
+// One decoder layer's weights (module prefix L), in CudaBackend's layout order (lay_out_layer).
+void add_layer_bytes(Sizer& s, const model::TextConfig& c, const std::string& L, model::LayerType type,
+                     bool moe, core::DType dt, bool exact) {
   using model::LayerType;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size;
   const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), vd = c.linear_value_dim();
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  auto lin = [&](const std::string& module, int64_t rows, int64_t cols) {
+    return planned_mat(c, module, rows, cols, dt);
+  };
+  auto vec = [](int64_t n) { return static_cast<size_t>(n) * 4; };
+  s.add(vec(H));  // input norm
+  s.add(vec(H));  // post-attention norm
+  if (type == LayerType::kLinearAttention) {
+    const std::string g = L + "linear_attn.";
+    add_matrix(s,
+               {lin(g + "in_proj_qkv", C, H), lin(g + "in_proj_z", vd, H), lin(g + "in_proj_b", nv, H),
+                lin(g + "in_proj_a", nv, H)},
+               C + vd + 2 * nv, H, false, false);  // in_proj [qkv | z | b | a]
+    s.add(vec(C * c.linear_conv_kernel_dim));
+    s.add(vec(nv));  // dt_bias
+    s.add(vec(nv));  // A_log
+    s.add(vec(dv));  // gated norm
+    add_matrix(s, {lin(g + "out_proj", H, vd)}, H, vd, false, false);
+  } else {
+    const std::string a = L + "self_attn.";
+    add_matrix(
+        s, {lin(a + "q_proj", nh * qw, H), lin(a + "k_proj", nkv * hd, H), lin(a + "v_proj", nkv * hd, H)},
+        nh * qw + 2 * nkv * hd, H, false, false);  // q/k/v_proj
+    s.add(vec(hd));
+    s.add(vec(hd));
+    add_matrix(s, {lin(a + "o_proj", H, nh * hd)}, H, nh * hd, false, false);
+  }
+  if (!moe) {
+    const int64_t I = c.intermediate_size;
+    const std::string m = L + "mlp.";
+    add_matrix(s, {lin(m + "gate_proj", I, H), lin(m + "up_proj", I, H)}, 2 * I, H, true, false);
+    add_matrix(s, {lin(m + "down_proj", H, I)}, H, I, false, false);
+  } else {
+    // The router and shared expert gate stay float (widened to bf16 when quantized). The experts' format is
+    // their first expert's (the config gives every expert the same scheme; resolving thousands of names
+    // is slow): quantized, they keep the kernels' layout (not in exact mode); else they are widened.
+    const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+    const std::string m = L + "mlp.";
+    const model::Mat router = lin(m + "gate", E, H), sgate = lin(m + "shared_expert_gate", 1, H);
+    if (router.dtype == sgate.dtype) {
+      add_matrix(s, {router, sgate}, E + 1, H, false, true);  // [router | shared expert gate]
+    } else {
+      add_matrix(s, {router}, E, H, false, true);
+      add_matrix(s, {sgate}, 1, H, false, true);
+    }
+    const std::string e0 = m + "experts.0.", sh = m + "shared_expert.";
+    const ExpertPack gu = expert_pack(c, e0, Im, H, true, exact),
+                     dn = expert_pack(c, e0, H, Im, false, exact);
+    bool stacked = false;  // the shared expert as expert E of the stacks (CudaBackend's shared_in_stack)
+    if (gu.packs && dn.packs && Is == Im) {
+      const ExpertPack sgu = expert_pack(c, sh, Is, H, true, exact),
+                       sdn = expert_pack(c, sh, H, Is, false, exact);
+      stacked = sgu.packs && sdn.packs && same_layout(sgu.one, gu.one) && same_layout(sdn.one, dn.one);
+    }
+    if (gu.packs && dn.packs) {
+      // Quantized experts in the kernels' layout, E (or E + 1) copies of one expert's arrays; else the
+      // shared expert in its own format.
+      const size_t n = static_cast<size_t>(E + (stacked ? 1 : 0));
+      for (const ExpertPack* e : {&gu, &dn}) {
+        s.add(e->one.codes_bytes * n);
+        if (e->one.format == model::quant::WeightFormat::kNvfp4) {
+          s.add(e->one.scales_bytes * n);
+          s.add(e->one.row_scales_n * 4 * n);
+        } else {
+          s.add(e->one.grid_n * 4 * n);
+        }
+      }
+    } else {
+      add_matrix(s, {gu.mat}, E * 2 * Im, H, false, true);
+      add_matrix(s, {dn.mat}, E * H, Im, false, true);
+    }
+    const bool shared_float = !(gu.packs && dn.packs);
+    if (!stacked) {
+      add_matrix(s, {lin(sh + "gate_proj", Is, H), lin(sh + "up_proj", Is, H)}, 2 * Is, H, true,
+                 shared_float);
+      add_matrix(s, {lin(sh + "down_proj", H, Is)}, H, Is, false, shared_float);
+    }
+  }
+}
+
+size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core::DType dt, bool exact,
+                    bool mtp) {
+  using model::LayerType;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   auto lin = [&](const std::string& module, int64_t rows, int64_t cols) {
     return planned_mat(c, module, rows, cols, dt);
   };
@@ -197,81 +282,16 @@ size_t weight_bytes(const model::TextConfig& c, const std::string& prefix, core:
   if (!c.tie_word_embeddings) add_matrix(s, {lin("lm_head", V, H)}, V, H, false, false);  // lm_head
   s.add(vec(H));                                                                          // final norm
   s.add(vec(std::max<int64_t>(c.rotary_dim() / 2, 1)));                                   // inv_freq
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string L = prefix + "layers." + std::to_string(i) + ".";
-    s.add(vec(H));  // input norm
-    s.add(vec(H));  // post-attention norm
-    if (c.layer_types[static_cast<size_t>(i)] == LayerType::kLinearAttention) {
-      const std::string g = L + "linear_attn.";
-      add_matrix(s,
-                 {lin(g + "in_proj_qkv", C, H), lin(g + "in_proj_z", vd, H), lin(g + "in_proj_b", nv, H),
-                  lin(g + "in_proj_a", nv, H)},
-                 C + vd + 2 * nv, H, false, false);  // in_proj [qkv | z | b | a]
-      s.add(vec(C * c.linear_conv_kernel_dim));
-      s.add(vec(nv));  // dt_bias
-      s.add(vec(nv));  // A_log
-      s.add(vec(dv));  // gated norm
-      add_matrix(s, {lin(g + "out_proj", H, vd)}, H, vd, false, false);
-    } else {
-      const std::string a = L + "self_attn.";
-      add_matrix(
-          s, {lin(a + "q_proj", nh * qw, H), lin(a + "k_proj", nkv * hd, H), lin(a + "v_proj", nkv * hd, H)},
-          nh * qw + 2 * nkv * hd, H, false, false);  // q/k/v_proj
-      s.add(vec(hd));
-      s.add(vec(hd));
-      add_matrix(s, {lin(a + "o_proj", H, nh * hd)}, H, nh * hd, false, false);
-    }
-    if (!c.layer_is_moe(i)) {
-      const int64_t I = c.intermediate_size;
-      const std::string m = L + "mlp.";
-      add_matrix(s, {lin(m + "gate_proj", I, H), lin(m + "up_proj", I, H)}, 2 * I, H, true, false);
-      add_matrix(s, {lin(m + "down_proj", H, I)}, H, I, false, false);
-    } else {
-      // The router and shared expert gate stay float (widened to bf16 when quantized). The experts' format is
-      // their first expert's (the config gives every expert the same scheme; resolving thousands of names
-      // is slow): quantized, they keep the kernels' layout (not in exact mode); else they are widened.
-      const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-      const std::string m = L + "mlp.";
-      const model::Mat router = lin(m + "gate", E, H), sgate = lin(m + "shared_expert_gate", 1, H);
-      if (router.dtype == sgate.dtype) {
-        add_matrix(s, {router, sgate}, E + 1, H, false, true);  // [router | shared expert gate]
-      } else {
-        add_matrix(s, {router}, E, H, false, true);
-        add_matrix(s, {sgate}, 1, H, false, true);
-      }
-      const std::string e0 = m + "experts.0.", sh = m + "shared_expert.";
-      const ExpertPack gu = expert_pack(c, e0, Im, H, true, exact),
-                       dn = expert_pack(c, e0, H, Im, false, exact);
-      bool stacked = false;  // the shared expert as expert E of the stacks (CudaBackend's shared_in_stack)
-      if (gu.packs && dn.packs && Is == Im) {
-        const ExpertPack sgu = expert_pack(c, sh, Is, H, true, exact),
-                         sdn = expert_pack(c, sh, H, Is, false, exact);
-        stacked = sgu.packs && sdn.packs && same_layout(sgu.one, gu.one) && same_layout(sdn.one, dn.one);
-      }
-      if (gu.packs && dn.packs) {
-        // Quantized experts in the kernels' layout, E (or E + 1) copies of one expert's arrays; else the
-        // shared expert in its own format.
-        const size_t n = static_cast<size_t>(E + (stacked ? 1 : 0));
-        for (const ExpertPack* e : {&gu, &dn}) {
-          s.add(e->one.codes_bytes * n);
-          if (e->one.format == model::quant::WeightFormat::kNvfp4) {
-            s.add(e->one.scales_bytes * n);
-            s.add(e->one.row_scales_n * 4 * n);
-          } else {
-            s.add(e->one.grid_n * 4 * n);
-          }
-        }
-      } else {
-        add_matrix(s, {gu.mat}, E * 2 * Im, H, false, true);
-        add_matrix(s, {dn.mat}, E * H, Im, false, true);
-      }
-      const bool shared_float = !(gu.packs && dn.packs);
-      if (!stacked) {
-        add_matrix(s, {lin(sh + "gate_proj", Is, H), lin(sh + "up_proj", Is, H)}, 2 * Is, H, true,
-                   shared_float);
-        add_matrix(s, {lin(sh + "down_proj", H, Is)}, H, Is, false, shared_float);
-      }
-    }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    add_layer_bytes(s, c, prefix + "layers." + std::to_string(i) + ".", c.layer_types[static_cast<size_t>(i)],
+                    c.layer_is_moe(i), dt, exact);
+  if (mtp) {
+    // The MTP head (CudaBackend's lay_out_mtp): two pre-fc norms, fc, its full-attention layer, its norm.
+    s.add(vec(H));
+    s.add(vec(H));
+    add_matrix(s, {lin("mtp.fc", H, 2 * H)}, H, 2 * H, false, false);
+    add_layer_bytes(s, c, "mtp.layers.0.", LayerType::kFullAttention, c.num_experts > 0, dt, exact);
+    s.add(vec(H));
   }
   return s.size();
 }
@@ -395,7 +415,7 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
   if (n_full) Pmax = std::max(Pmax, nh * qw + 2 * nkv * hd);
   if (any_dense) Pmax = std::max(Pmax, 2 * I);
   if (E) Pmax = std::max(Pmax, 2 * Is);
-  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
+  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd, opt.mtp ? 2 * H : 0});
   const int64_t D = decode_workspace_rows(opt.exact, R);
   const int64_t part = std::max(R * nh * hd, D * nh * max_splits * hd);
   const int64_t part_ml = std::max(R * nh * 2, D * nh * max_splits * 2);
@@ -475,7 +495,9 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
   const int64_t conv_slot = n_lin * c.linear_conv_dim() * (c.linear_conv_kernel_dim - 1);
   const int64_t gdn_slot = n_lin * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
   // The KV cache's unit: a page of kCudaPageSize positions, or a slot's max_ctx positions.
-  const int64_t kv_unit = n_full * c.num_key_value_heads * (paged ? kCudaPageSize : max_ctx) * c.head_dim;
+  const bool drafting = paged && opt.mtp && opt.draft_step_rows > 0;
+  const int64_t kv_layers = n_full + (drafting ? 1 : 0);  // + the MTP layer's store
+  const int64_t kv_unit = kv_layers * c.num_key_value_heads * (paged ? kCudaPageSize : max_ctx) * c.head_dim;
   const int64_t kv_units = paged ? p.kv_pages : slots;
   p.states = align_up(static_cast<size_t>(slots * conv_slot) * 4, kAlign) +
              align_up(static_cast<size_t>(slots * gdn_slot) * 4, kAlign);
@@ -486,8 +508,17 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
   p.kv_bytes_per_token = 2 * static_cast<size_t>(n_full * c.num_key_value_heads) *
                          (static_cast<size_t>(c.head_dim) * kv_es + (p.kv_fp8 ? 4 : 0));
   p.kv_page_bytes = p.kv_bytes_per_token * kCudaPageSize;
+  if (opt.mtp) p.draft_page_bytes = p.kv_page_bytes / static_cast<size_t>(std::max<int64_t>(n_full, 1));
+  if (drafting) {
+    // CudaBackend::allocate_draft_buffers.
+    const int64_t H = c.hidden_size, R = std::max<int64_t>(opt.prefill_chunk, kGemvMaxRows);
+    const int64_t S = opt.draft_step_seqs, kMaxDraft = 8;
+    const int64_t index = std::max(opt.draft_step_rows, R) + 2 * std::max<int64_t>(S, kLogitRows);
+    for (int64_t words : {opt.draft_step_rows * H, R * 2 * H, S * H, 3 * kMaxDraft * S, index})
+      p.draft += align_up(static_cast<size_t>(words) * 4, kAlign);
+  }
   p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;
-  p.weights = weight_bytes(c, module_prefix(c, opt), opt.matrix_dtype, opt.exact);
+  p.weights = weight_bytes(c, module_prefix(c, opt), opt.matrix_dtype, opt.exact, opt.mtp);
   p.workspace = workspace_bytes(c, opt, max_ctx);
   p.gemm_workspace = kGemmWorkspace;
   return p;

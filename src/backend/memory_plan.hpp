@@ -32,24 +32,31 @@ struct MemoryPlanOptions {
   // prefix, and is sized as the CUDA backend lays it out (NVFP4 / FP8 in the kernels' layout, MoE matrices
   // widened to bf16). Empty: "model.language_model." for the multimodal layout, else "model.".
   std::string module_prefix;
+  // Speculative decoding (CudaOptions::mtp): the MTP head's weights; with paged pools, its layer's KV in
+  // every page, and the drafting buffers for steps of draft_step_rows rows and draft_step_seqs sequences.
+  bool mtp = false;
+  int64_t draft_step_rows = 0;
+  int32_t draft_step_seqs = 0;
 };
 
 struct MemoryPlanEstimate {
-  size_t weights = 0;  // one allocation: float matrices in matrix_dtype, quantized ones in the kernels'
-                       // layout, norms and small vectors in fp32
-  size_t kv = 0;              // K and V of every full-attention layer, all slots, max_context positions
-  size_t states = 0;          // conv + fp32 Gated DeltaNet states, all slots
-  size_t workspace = 0;       // activations for one forward of max(prefill_chunk, 32) rows, and the logits
+  size_t weights = 0;    // one allocation: float matrices in matrix_dtype, quantized ones in the kernels'
+                         // layout, norms and small vectors in fp32
+  size_t kv = 0;         // K and V of every full-attention layer, all slots, max_context positions
+  size_t states = 0;     // conv + fp32 Gated DeltaNet states, all slots
+  size_t workspace = 0;  // activations for one forward of max(prefill_chunk, 32) rows, and the logits
   size_t gemm_workspace = 0;  // cuBLASLt's workspace
+  size_t draft = 0;           // drafting: kept hidden rows, the head's fc input, its index lists
   int slots = 0;         // state slots (or max_sequences) + 1 scratch slot (pads the decode graph buckets)
   int64_t kv_pages = 0;  // paged: KV pages + 1 scratch page; else 0
   int64_t max_context = 0;
   bool kv_f32 = false;
   bool kv_fp8 = false;
   size_t kv_bytes_per_token = 0;        // one sequence: K and V of every full-attention layer
-  size_t kv_page_bytes = 0;             // kv_bytes_per_token x kCudaPageSize
+  size_t kv_page_bytes = 0;             // kv_bytes_per_token x kCudaPageSize (the main layers')
+  size_t draft_page_bytes = 0;          // drafting: the MTP layer's KV in a page
   size_t state_bytes_per_sequence = 0;  // one sequence: conv + Gated DeltaNet states of every linear layer
-  size_t total() const { return weights + kv + states + workspace + gemm_workspace; }
+  size_t total() const { return weights + kv + states + workspace + gemm_workspace + draft; }
 };
 
 // Rows the CUDA decode workspace holds (split-attention partials, logits, sampled ids) for a workspace of R

@@ -108,6 +108,23 @@ class SequenceBackend {
     (void)copies;
     return core::Error{std::string(name()) + " backend: no paged KV"};
   }
+
+  // Speculative decoding with the checkpoint's MTP head (backend.hpp's DraftRun), for a paged backend whose
+  // pools were allocated with PoolRequest::draft: whether it can draft (the head was loaded), and the bytes
+  // the MTP layer's KV adds to one page.
+  virtual bool can_draft() const { return false; }
+  virtual size_t draft_page_bytes() const { return 0; }
+  // Where the next prefill or decode call keeps its rows' final hidden states for draft(): at these rows of
+  // the engine's step (a prefill: one per token, in order; a decode: one per sequence). fused_step keeps
+  // them at its runs' own rows, and a step starts afresh.
+  virtual void keep_rows(std::span<const int32_t> step_rows) { (void)step_rows; }
+  // Backend::draft, after a step whose token rows were `step_tokens`.
+  virtual core::Status draft_after(std::span<const DraftRun> runs, std::span<const int32_t> step_tokens,
+                                   DraftOut& out) {
+    (void)runs, (void)step_tokens;
+    out = {};
+    return core::Error{std::string(name()) + " backend: drafting with the MTP head is not supported"};
+  }
 };
 
 }  // namespace deltaflow::backend

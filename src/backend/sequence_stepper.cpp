@@ -25,7 +25,16 @@ int32_t SequenceStepper::page_size() const {
 
 core::Status SequenceStepper::allocate(const PoolRequest& r) {
   seqs_.clear();
-  if (inner_->can_page()) return inner_->allocate_pools(r, pools_);
+  draft_ = false;
+  step_tokens_.clear();
+  if (r.draft && !can_draft())
+    return core::Error{std::string(name()) + " backend: drafting with the MTP head needs paged KV and the " +
+                       "checkpoint's head loaded"};
+  if (inner_->can_page()) {
+    DF_TRY(inner_->allocate_pools(r, pools_));
+    draft_ = r.draft;
+    return core::Status();
+  }
   if (r.state_slots > inner_->max_sequences())
     return core::Error{std::string(name()) + " backend: " + std::to_string(r.state_slots) +
                        " sequences asked for, it was loaded for " + std::to_string(inner_->max_sequences())};
@@ -100,6 +109,7 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     rows_out += r.logits == RunLogits::kAll ? static_cast<size_t>(r.n_rows) : r.logits == RunLogits::kLast;
   }
   out.logits.resize(rows_out * V);
+  if (draft_) step_tokens_.assign(step.tokens.begin(), step.tokens.end());
   if (inner_->can_page() && inner_->can_fuse(step)) {
     std::vector<SequenceState*> seqs;
     for (const auto& r : step.runs) {
@@ -118,6 +128,11 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
       dec_runs.push_back(i);
       continue;
     }
+    if (draft_) {
+      keep_.resize(static_cast<size_t>(r.n_rows));
+      for (int32_t j = 0; j < r.n_rows; ++j) keep_[static_cast<size_t>(j)] = r.first_row + j;
+      inner_->keep_rows(keep_);
+    }
     DF_TRY(prefill_run(r, s, tokens));
     if (r.logits != RunLogits::kNone)
       std::copy(logits_.begin(), logits_.end(),
@@ -128,6 +143,11 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     }
   }
   if (dec_seqs.empty()) return core::Status();
+  if (draft_) {
+    keep_.clear();
+    for (size_t i : dec_runs) keep_.push_back(step.runs[i].first_row);
+    inner_->keep_rows(keep_);
+  }
   // The decode rows: sampled on the backend when every row samples and none reads its logits.
   bool all_sample = inner_->can_sample(), any_logits = false;
   for (size_t i : dec_runs) {
@@ -153,6 +173,14 @@ core::Status SequenceStepper::step(const Step& step, StepOut& out) {
     }
   }
   return core::Status();
+}
+
+core::Status SequenceStepper::draft(std::span<const DraftRun> runs, DraftOut& out) {
+  if (!draft_) {
+    out = {};
+    return core::Error{std::string(name()) + " backend: draft() needs pools allocated for drafting"};
+  }
+  return inner_->draft_after(runs, step_tokens_, out);
 }
 
 core::Status SequenceStepper::copy_state(int32_t from_slot, int32_t to_slot) {

@@ -33,6 +33,11 @@ class SequenceStepper final : public Backend {
   core::Status step(const Step& step, StepOut& out) override;
   core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
   core::Status copy_pages(std::span<const PageCopy> copies) override;
+  // Speculative decoding on a paged backend that drafts: the step's rows are kept where the engine numbers
+  // them (SequenceBackend::keep_rows before each call), and its tokens for draft().
+  bool can_draft() const override { return inner_->can_page() && inner_->can_draft(); }
+  size_t draft_page_bytes() const override { return can_draft() ? inner_->draft_page_bytes() : 0; }
+  core::Status draft(std::span<const DraftRun> runs, DraftOut& out) override;
 
   SequenceBackend& inner() { return *inner_; }
 
@@ -51,6 +56,9 @@ class SequenceStepper final : public Backend {
   std::vector<float> logits_;
   std::vector<int32_t> ids_;
   std::vector<float> work_;
+  bool draft_ = false;                // pools allocated for drafting
+  std::vector<int32_t> step_tokens_;  // the last step's tokens (drafting)
+  std::vector<int32_t> keep_;         // step rows of the next call's rows (drafting)
 };
 
 }  // namespace deltaflow::backend

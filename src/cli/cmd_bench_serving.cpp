@@ -157,6 +157,7 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     opt.max_context = eo.max_model_len;
     opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, eo.max_num_batched_tokens);
     opt.kv_fp8 = eo.kv_cache_dtype == backend::KvCacheDtype::kFp8;
+    opt.mtp = eo.speculative_tokens > 0;  // a random head when the config has one
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
     const auto& c = b->config();
     l.roof.config = c;

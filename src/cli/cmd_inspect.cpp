@@ -55,6 +55,8 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
   print_bytes("workspace:", p.workspace + p.gemm_workspace,
               "  (steps of up to " + std::to_string(std::max<int64_t>(o.max_num_batched_tokens, 4096)) +
                   " rows: activations, logits, cuBLASLt)");
+  if (p.draft > 0)
+    print_bytes("drafting:", p.draft, "  (--speculative-tokens: kept hidden rows, the MTP head's input)");
   print_bytes("total:", p.total(), "  (plus the CUDA context)");
   if (gpu_gb > 0) {
     const double cap = gpu_gb * 1e9;
@@ -63,9 +65,9 @@ void print_memory_plan(const backend::MemoryPlanEstimate& p, const engine::PoolP
                 static_cast<double>(p.total()) / 1e9, gpu_gb);
     // What the rest holds once the weights, the workspace and the prefix cache's share are in: full-length
     // sequences, each its pages and a state slot, and the --kv-cache-gb that gives their pages.
-    const double page = static_cast<double>(p.kv_page_bytes),
+    const double page = static_cast<double>(p.kv_page_bytes + (p.draft > 0 ? p.draft_page_bytes : 0)),
                  slot = static_cast<double>(p.state_bytes_per_sequence);
-    const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace) +
+    const double fixed = static_cast<double>(p.weights + p.workspace + p.gemm_workspace + p.draft) +
                          static_cast<double>(pools.cache_pages + 1) * page +
                          static_cast<double>(pools.cache_slots + 1) * slot;
     const double per_seq = static_cast<double>(pages_per_seq) * page + slot;
@@ -155,16 +157,22 @@ int cmd_inspect(const Argv& argv) {
   plan_opt.kv_fp8 = eng->kv_cache_dtype == backend::KvCacheDtype::kFp8;
   plan_opt.matrix_dtype = w ? w->embed_tokens.dtype : core::DType::kBF16;
   if (w) plan_opt.module_prefix = w->prefix;
+  // --speculative-tokens: the MTP head (when the checkpoint, or a config-only plan, has one) and its KV.
+  plan_opt.mtp = eng->speculative_tokens > 0 && (w ? w->mtp.present : c.mtp_num_hidden_layers > 0);
   const auto unit = backend::estimate_memory_plan(c, plan_opt);
   engine::PoolGeometry geo;
   geo.model_len = unit.max_context;
   geo.page_size = backend::kCudaPageSize;
-  geo.page_bytes = unit.kv_page_bytes;
+  geo.page_bytes = unit.kv_page_bytes + (plan_opt.mtp ? unit.draft_page_bytes : 0);
   geo.slot_bytes = unit.state_bytes_per_sequence;
   auto pools = engine::plan_pools(*eng, geo);
   if (!pools) return fail(cmd, pools.message());
   plan_opt.kv_pages = pools->kv_pages();
   plan_opt.state_slots = pools->state_slots();
+  if (plan_opt.mtp) {
+    plan_opt.draft_step_rows = eng->max_num_batched_tokens;
+    plan_opt.draft_step_seqs = eng->max_num_seqs;
+  }
 
   // The weights as the plan counts them: the stored float dtype, or the quantization's formats.
   std::string weights = std::string(core::dtype_name(plan_opt.matrix_dtype)) + " weights";

@@ -54,6 +54,7 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
   limits.max_step_tokens = engine.max_num_batched_tokens;
   limits.kv_cache_dtype = engine.kv_cache_dtype;
   limits.emulate_activation_quant = args.has("--emulate-activation-quant");  // eval's flag
+  limits.mtp = engine.speculative_tokens > 0;
   return engine::load_backend(dir, d, tp, limits);
 }
 

@@ -30,6 +30,7 @@ core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string
   opt.progress = true;
   opt.max_sequences = limits.max_sequences;
   opt.max_context = limits.max_context;
+  opt.mtp = limits.mtp;
   // A pass holds a whole step (cuda_step.cpp fuses a step's runs when it fits).
   opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, limits.max_step_tokens);
   if (tensor_parallel > 1) {

@@ -25,6 +25,8 @@ struct LoadLimits {
   // CPU only: static FP8 activation quantization where the checkpoint stores input scales
   // (backend::cpu::CpuOptions::emulate_activation_quant).
   bool emulate_activation_quant = false;
+  // Speculative decoding (--speculative-tokens): the CUDA backend uploads the checkpoint's MTP head too.
+  bool mtp = false;
 };
 
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).

@@ -54,6 +54,7 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   limits.max_sequences = o.engine.max_num_seqs;
   limits.max_context = o.engine.max_model_len;
   limits.kv_cache_dtype = o.engine.kv_cache_dtype;
+  limits.mtp = o.engine.speculative_tokens > 0;
   DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel, limits));
   if (!m->backend_->vision()) {
     m->vision_error_ = m->backend_->vision_error();

@@ -367,10 +367,11 @@ TEST(CudaSampling, BackendDecodeSample) {
 
 // CudaBackend::memory_plan() against backend::estimate_memory_plan (what `inspect` prints), on every preset:
 // the per-sequence layout (fast and exact), and the engine's pools (allocate_pools: paged KV and the state
-// slots the engine asks for).
-void expect_plan_equals_estimate(const std::string& preset, bool exact, bool engine_pools, bool fp8 = false) {
+// slots the engine asks for), and with the MTP head loaded and pools that draft (speculative decoding).
+void expect_plan_equals_estimate(const std::string& preset, bool exact, bool engine_pools, bool fp8 = false,
+                                 bool draft = false) {
   SCOPED_TRACE(preset + (exact ? " exact" : " fast") + (engine_pools ? " engine pools" : "") +
-               (fp8 ? " fp8" : ""));
+               (fp8 ? " fp8" : "") + (draft ? " draft" : ""));
   const auto dir = (std::filesystem::temp_directory_path() /
                     ("df_cuda_memory_plan_" + preset + "_" + std::to_string(::getpid())))
                        .string();
@@ -382,6 +383,7 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   opt.exact = exact;
   opt.kv_fp8 = fp8;
   opt.engine_pools = engine_pools;
+  opt.mtp = draft;
   auto cuda = backend::cuda::CudaBackend::load(dir, opt);
   ASSERT_TRUE(cuda.is_ok()) << cuda.message();
   backend::MemoryPlanOptions po;
@@ -392,10 +394,16 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
     req.state_slots = 6;
     req.max_step_rows = 96;
     req.max_step_seqs = 6;
+    req.draft = draft && (*cuda)->can_draft();
     ASSERT_TRUE((*cuda)->allocate_pools(req, pools).is_ok());
     po.kv_pages = req.kv_pages;
     po.state_slots = req.state_slots;
+    if (req.draft) {
+      po.draft_step_rows = req.max_step_rows;
+      po.draft_step_seqs = req.max_step_seqs;
+    }
   }
+  po.mtp = draft && (*cuda)->can_draft();
   auto ck = io::Checkpoint::open(dir);
   ASSERT_TRUE(ck.is_ok()) << ck.message();
   auto w = model::bind_weights((*cuda)->config(), *ck);
@@ -417,8 +425,9 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   EXPECT_EQ(got.kv_f32, want.kv_f32);
   EXPECT_EQ(got.kv_fp8, want.kv_fp8);
   EXPECT_EQ(got.kv_pages, want.kv_pages);
+  EXPECT_EQ(got.draft, want.draft);
   if (engine_pools) {
-    EXPECT_EQ(pools.page_bytes, want.kv_page_bytes);
+    EXPECT_EQ(pools.page_bytes, want.kv_page_bytes + (po.draft_step_rows > 0 ? want.draft_page_bytes : 0));
     EXPECT_EQ(pools.slot_bytes, want.state_bytes_per_sequence);
   }
   cuda->reset();
@@ -433,6 +442,8 @@ TEST(CudaMemoryPlan, EqualsTheEstimate) {
     expect_plan_equals_estimate(preset, false, true);
     expect_plan_equals_estimate(preset, false, false, true);
     expect_plan_equals_estimate(preset, false, true, true);
+    expect_plan_equals_estimate(preset, false, true, false, true);
+    expect_plan_equals_estimate(preset, true, true, false, true);
   }
 }
 

@@ -50,6 +50,47 @@ TEST(MemoryPlan, Qwen36_27bByHand) {
   EXPECT_EQ(p.total(), p.weights + p.kv + p.states + p.workspace + p.gemm_workspace);
 }
 
+// Speculative decoding (MemoryPlanOptions::mtp): the MTP head's weights, by hand for Qwen3.6-27B, and with
+// drafting pools its layer's KV in each page and the drafting buffers.
+TEST(MemoryPlan, Qwen36_27bMtpHeadByHand) {
+  const auto c = qwen36_27b();
+  MemoryPlanOptions o;
+  const auto plain = estimate_memory_plan(c, o);
+  o.mtp = true;
+  const auto head = estimate_memory_plan(c, o);
+  // Matrices (bf16): fc 5120 x 10240, the layer's q/k/v (24 x 512 + 2 x 4 x 256) x 5120, o_proj 5120 x 6144,
+  // gate/up 2 x 17408 x 5120, down 5120 x 17408; fp32 vectors: 2 pre-fc norms, 2 layer norms, q/k norms
+  // 1024 each, the head's norm (20480 each).
+  const uint64_t matrices = 2ull * (5120ull * 10240 + (24ull * 512 + 2 * 4 * 256) * 5120 + 5120ull * 6144 +
+                                    2ull * 17408 * 5120 + 5120ull * 17408);
+  EXPECT_EQ(head.weights - plain.weights, matrices + 5 * 20480 + 2 * 1024);
+  EXPECT_EQ(head.kv, plain.kv);  // no drafting pools: no MTP KV
+  EXPECT_EQ(head.draft, 0u);
+  // fc's [embedding | hidden] rows of 2 x 5120 are the widest matmul input now (they were gate/up's 17408
+  // for down_proj: no change in the 16-bit staging).
+  EXPECT_EQ(head.workspace, plain.workspace);
+  EXPECT_EQ(head.draft_page_bytes, plain.kv_page_bytes / 16);  // one more of the 16 full-attention layers
+
+  o.kv_pages = 1000;
+  o.state_slots = 8;
+  o.draft_step_rows = 8192;
+  o.draft_step_seqs = 8;
+  const auto drafting = estimate_memory_plan(c, o);
+  o.mtp = false;
+  const auto paged = estimate_memory_plan(c, o);
+  // 1001 pages (one scratch) of 17 full-attention stores instead of 16.
+  EXPECT_EQ(drafting.kv, 1001ull * 17 * 2 * 4 * 16 * 256 * 2);
+  EXPECT_EQ(paged.kv, 1001ull * 16 * 2 * 4 * 16 * 256 * 2);
+  // fp32 kept rows 8192 x 5120, fc input of one pass (the default 4096-row chunk) 4096 x 10240, last rows
+  // 8 x 5120; ints: rounds 3 x 8 x 8, index lists 8192 + 2 x 256.
+  const auto pad = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  EXPECT_EQ(drafting.draft, pad(8192ull * 5120 * 4) + pad(4096ull * 10240 * 4) + pad(8ull * 5120 * 4) +
+                                pad(3ull * 8 * 8 * 4) + pad((8192ull + 512) * 4));
+  EXPECT_EQ(drafting.total(),
+            drafting.weights + drafting.kv + drafting.states + drafting.workspace + drafting.gemm_workspace +
+                drafting.draft);
+}
+
 // Quantized checkpoints: the config's schemes, sized as the CUDA backend lays them out (quant_pack.hpp).
 // bench/configs/qwen3.6-27b-nvfp4 is nvidia/Qwen3.6-27B-NVFP4's config (MIXED_PRECISION: W4A16 NVFP4 MLP and
 // lm_head, FP8 per-tensor attention and Gated DeltaNet projections, in_proj_a/b and the embedding bf16).

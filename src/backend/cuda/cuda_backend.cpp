@@ -139,7 +139,7 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::load(const std::string
   model::ModelWeights part;
   DF_TRY(b->enter_shard(&whole, &part));
   const model::ModelWeights& w = opt.collective ? part : whole;
-  const WeightSource src{&w, "", !opt.exact && !opt.collective};
+  const WeightSource src{&w, "", !opt.exact && !opt.collective, opt.mtp && !opt.collective};
   DF_TRY(b->place_weights(src, 0, opt.progress));
   DF_TRY(b->plan_memory());
   DF_TRY(b->warm_up());
@@ -153,7 +153,8 @@ core::Expected<std::unique_ptr<CudaBackend>> CudaBackend::synthetic(const model:
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   DF_TRY(b->init_device(c, opt));
   DF_TRY(b->enter_shard(nullptr, nullptr));
-  const WeightSource src{nullptr, opt.synthetic_quant, !opt.exact && !opt.collective};
+  const WeightSource src{nullptr, opt.synthetic_quant, !opt.exact && !opt.collective,
+                         opt.mtp && !opt.collective};
   DF_TRY(b->place_weights(src, seed, false));
   DF_TRY(b->plan_memory());
   // A cache of finite values, so attention over a context the benchmark only claims reads real numbers.
@@ -197,6 +198,7 @@ core::Status CudaBackend::place_weights(const WeightSource& src, uint64_t seed, 
   final_norm_ = placed.final_norm;
   inv_freq_ = placed.inv_freq;
   layers_ = std::move(placed.layers);
+  mtp_ = placed.mtp;
   return fill_weights(placed.jobs, static_cast<uint8_t*>(weights_mem_), seed, progress, stream_);
 }
 
@@ -261,7 +263,8 @@ core::Status CudaBackend::plan_memory() {
   if (n_full) Pmax = std::max(Pmax, nh * qw + 2 * nkv * hd);
   if (any_dense) Pmax = std::max(Pmax, 2 * I);
   if (E) Pmax = std::max(Pmax, 2 * Is);
-  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd});
+  // The MTP head's fc reads [embedding | hidden] rows of 2H.
+  const int64_t Kmax = std::max({H, I, Im, Is, vd, nh * hd, mtp_.present ? 2 * H : 0});
   const int64_t part = std::max(R * nh * hd, ws_decode_rows * nh * max_splits_ * hd);
   const int64_t part_ml = std::max(R * nh * 2, ws_decode_rows * nh * max_splits_ * 2);
 
@@ -331,6 +334,12 @@ core::Status CudaBackend::plan_memory() {
     for (const DMat* m :
          {&L.in_proj, &L.out_proj, &L.qkv, &L.o_proj, &L.gate_up, &L.down, &L.shared_gu, &L.shared_down})
       widest(*m);
+  if (mtp_.present) {
+    const DLayer& L = mtp_.layer;
+    for (const DMat* m : {static_cast<const DMat*>(&mtp_.fc), &L.qkv, &L.o_proj, &L.gate_up, &L.down,
+                          &L.shared_gu, &L.shared_down})
+      widest(*m);
+  }
   ws_.wdq_elems = !opt_.exact && R > kDecodeMaxRows ? wdq : 0;
   // Quantized routed experts: a step stages its T * K slots' activations (the gate/up's gathered in sorted
   // order past the decode buckets, and the down projection's).
@@ -377,7 +386,7 @@ core::Status CudaBackend::plan_memory() {
   return core::Status();
 }
 
-core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
+core::Status CudaBackend::allocate_states(int slots, int64_t pages, int draft_rows) {
   const auto& c = config_;
   const int64_t n_full = c.count_layers(LayerType::kFullAttention);
   const int64_t nkv = c.num_key_value_heads, hd = c.head_dim;
@@ -398,7 +407,7 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
   // [n_full][nkv][kPageSize][hd].
   if (pages > 0) {
     kv_layer_ = nkv * kPageSize * hd;
-    kv_slot_ = n_full * kv_layer_;
+    kv_slot_ = (n_full + (draft_rows > 0 ? 1 : 0)) * kv_layer_;  // + the MTP layer's store
   } else {
     kv_layer_ = nkv * plan_.max_context * hd;
     kv_slot_ = n_full * kv_layer_;
@@ -429,7 +438,8 @@ core::Status CudaBackend::allocate_states(int slots, int64_t pages) {
     // Every table entry starts at the scratch page (the last): a row never bound reads finite numbers in
     // bounds, and a padding row of a graph bucket writes its position 0 there.
     table_stride_ = (plan_.max_context + kPageSize - 1) / kPageSize;
-    const size_t n = static_cast<size_t>(slots * table_stride_);
+    draft_table0_ = slots;
+    const size_t n = static_cast<size_t>((slots + draft_rows) * table_stride_);
     DF_CUDA_TRY(cudaMalloc(&block_table_, n * 4));
     DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&table_host_), n * 4, cudaHostAllocDefault));
     for (size_t i = 0; i < n; ++i) table_host_[i] = static_cast<int>(pages - 1);
@@ -532,6 +542,7 @@ CudaBackend::~CudaBackend() {
   if (block_table_) cudaFree(block_table_);
   if (table_host_) cudaFreeHost(table_host_);
   if (pinned_) cudaFreeHost(pinned_);
+  free_draft_buffers();
   if (tp_logits_) cudaFree(tp_logits_);
   if (ws_mem_) cudaFree(ws_mem_);
   if (state_mem_) cudaFree(state_mem_);
@@ -685,7 +696,14 @@ void CudaBackend::enable_fp8_gemms() {
     enable(m, y);
     for (DMat& p : m.parts) enable(p, y);
   };
-  for (DLayer& L : layers_) {
+  std::vector<DLayer*> all;  // the layers, and the MTP head's
+  for (DLayer& L : layers_) all.push_back(&L);
+  if (mtp_.present) {
+    each(mtp_.fc, ws_.h);
+    all.push_back(&mtp_.layer);
+  }
+  for (DLayer* Lp : all) {
+    DLayer& L = *Lp;
     each(L.in_proj, ws_.proj);
     each(L.out_proj, ws_.y);
     each(L.qkv, ws_.proj);
@@ -926,28 +944,31 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
   return linear(ws_.attn, nh * hd, n, L.o_proj, ws_.y, H);
 }
 
+core::Status CudaBackend::run_layer(const DLayer& L, int64_t n, std::span<const RowSegment> segs,
+                                    const float* y_prev) {
+  // h += the previous layer's output; xn = RMSNorm1p(h), for the one matmul that reads it
+  prof_.mark("add+rmsnorm", stream_);
+  const bool attn = L.type == LayerType::kFullAttention;
+  DF_TRY(add_norm(y_prev, n, L.input_norm, attn ? &L.qkv : &L.in_proj));
+  if (attn) {
+    DF_TRY(full_attention(L, n, segs));
+  } else {
+    DF_TRY(gated_deltanet(L, n, segs));
+  }
+  DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
+  prof_.mark("add+rmsnorm", stream_);
+  // The MoE block reads xn in fp32 (router, expert rows); a dense FFN only through gate_up.
+  DF_TRY(add_norm(ws_.y, n, L.post_norm, L.is_moe ? nullptr : &L.gate_up,
+                  L.is_moe && L.experts_gu.quantized && n <= kDecodeMaxRows));
+  DF_TRY(ffn(L, n));
+  return reduce_partial(ws_.y, n);  // after down_proj / the MoE combine
+}
+
 core::Status CudaBackend::run_layers(int64_t n, std::span<const RowSegment> segs) {
   prof_.mark("embedding", stream_);
   DF_TRY(embed(n));
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const DLayer& L = layers_[l];
-    // h += ffn output of the previous layer; xn = RMSNorm1p(h), for the one matmul that reads it
-    prof_.mark("add+rmsnorm", stream_);
-    const bool attn = L.type == LayerType::kFullAttention;
-    DF_TRY(add_norm(l == 0 ? nullptr : ws_.y, n, L.input_norm, attn ? &L.qkv : &L.in_proj));
-    if (attn) {
-      DF_TRY(full_attention(L, n, segs));
-    } else {
-      DF_TRY(gated_deltanet(L, n, segs));
-    }
-    DF_TRY(reduce_partial(ws_.y, n));  // after o_proj / out_proj (tensor parallel)
-    prof_.mark("add+rmsnorm", stream_);
-    // The MoE block reads xn in fp32 (router, expert rows); a dense FFN only through gate_up.
-    DF_TRY(add_norm(ws_.y, n, L.post_norm, L.is_moe ? nullptr : &L.gate_up,
-                    L.is_moe && L.experts_gu.quantized && n <= kDecodeMaxRows));
-    DF_TRY(ffn(L, n));
-    DF_TRY(reduce_partial(ws_.y, n));  // after down_proj / the MoE combine
-  }
+  for (size_t l = 0; l < layers_.size(); ++l)
+    DF_TRY(run_layer(layers_[l], n, segs, l == 0 ? nullptr : ws_.y));
   prof_.mark("add+rmsnorm", stream_);
   DF_TRY(add_norm(ws_.y, n, final_norm_, nullptr));  // lm_head reads rows of xn
   prof_.mark("other", stream_);
@@ -1027,6 +1048,9 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
     segs.clear();
     append_prefill_segments(0, off, n, s->slot, item.snapshots, segs);
     DF_TRY(run_layers(n, segs));
+    if (static_cast<int64_t>(keep_at_.size()) == T)
+      DF_TRY(keep_hidden(
+          std::span<const int32_t>(keep_at_).subspan(static_cast<size_t>(off), static_cast<size_t>(n))));
     const bool last = off + n == T;
     const int64_t first = item.all_logits ? 0 : (last ? n - 1 : n);
     for (int64_t r0 = first; r0 < n; r0 += kLogitRows) {
@@ -1041,6 +1065,7 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
     DF_TRY(prof_.flush(stream_));
     s->pos += n;
   }
+  keep_at_.clear();
   return core::Status();
 }
 
@@ -1106,6 +1131,9 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
     } else {
       DF_TRY(enqueue_decode(B));
     }
+    if (static_cast<int64_t>(keep_at_.size()) == n)
+      DF_TRY(keep_hidden(
+          std::span<const int32_t>(keep_at_).subspan(static_cast<size_t>(g0), static_cast<size_t>(m))));
     if (logits)
       DF_CUDA_TRY(cudaMemcpyAsync(logits->data() + g0 * V, ws_.logits, static_cast<size_t>(m * V) * 4,
                                   cudaMemcpyDeviceToHost, stream_));
@@ -1115,6 +1143,7 @@ core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std:
       for (int64_t r = 0; r < m; ++r) ids->push_back(pinned_[3 * R + r]);
     for (int64_t r = 0; r < m; ++r) ss[static_cast<size_t>(g0 + r)]->pos += 1;
   }
+  keep_at_.clear();
   return core::Status();
 }
 
@@ -1137,8 +1166,13 @@ core::Status CudaBackend::decode_sample(std::span<SequenceState* const> seqs, st
   ids.clear();
   // decode_impl leaves the last group's logits in ws_.logits, so sample group by group.
   const size_t group = static_cast<size_t>(decode_rows_);
+  const std::vector<int32_t> keep = std::move(keep_at_);
   for (size_t g0 = 0; g0 < seqs.size(); g0 += group) {
     const size_t m = std::min<size_t>(group, seqs.size() - g0);
+    keep_at_.clear();
+    if (keep.size() == seqs.size())
+      keep_at_.assign(keep.begin() + static_cast<std::ptrdiff_t>(g0),
+                      keep.begin() + static_cast<std::ptrdiff_t>(g0 + m));
     DF_TRY(decode_impl(seqs.subspan(g0, m), tokens.subspan(g0, m), nullptr, nullptr));
     DF_TRY(sampling_->run(ws_.logits, config_.vocab_size, specs.subspan(g0, m), stream_, ids));
   }

@@ -60,6 +60,9 @@ struct CudaOptions {
   // them, and take the FP8 GEMM (false: widened to bf16, weight-only, as the CPU reference of record and the
   // decode GEMVs). Exact mode never does.
   bool fp8_static_activations = true;
+  // Speculative decoding: upload the checkpoint's MTP head (mtp.*; synthetic(): random, when the config has
+  // one) so that pools allocated with PoolRequest::draft can draft with it (cuda_mtp.cpp).
+  bool mtp = false;
 };
 
 // A device matrix [rows, cols], row-major, in the checkpoint's element type; or quantized (NVFP4 or FP8 codes
@@ -125,9 +128,20 @@ struct DLayer {
   bool shared_in_stack = false;
 };
 
+// The checkpoint's MTP head on the device (speculative decoding, cuda_mtp.cpp; qwen35-architecture.md §4).
+struct DMtp {
+  bool present = false;
+  float* norm_embedding = nullptr;  // [H], (1+w)
+  float* norm_hidden = nullptr;     // [H], (1+w)
+  DMat fc;                          // [H, 2H]: input [normed embedding | normed hidden]
+  DLayer layer;                     // full attention (KV store n_full of a page); MoE FFN in MoE models
+  float* norm = nullptr;            // [H], (1+w)
+};
+
 struct MemoryPlan {
   size_t weights = 0, kv = 0, states = 0, workspace = 0;
-  int slots = 0;  // state slots + 1 scratch slot (pads graph buckets)
+  size_t draft = 0;  // drafting buffers (allocate_pools with PoolRequest::draft)
+  int slots = 0;     // state slots + 1 scratch slot (pads graph buckets)
   int64_t max_context = 0;
   bool kv_f32 = false;
   bool kv_fp8 = false;
@@ -204,6 +218,14 @@ class CudaBackend final : public SequenceBackend {
                                       std::span<const int32_t> pages) override;
   core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
   core::Status copy_pages(std::span<const PageCopy> copies) override;
+  // Speculative decoding (cuda_mtp.cpp): the MTP head drafts as backend/cpu/mtp_head.cpp does, over the
+  // final hidden rows each step keeps (pools allocated with PoolRequest::draft).
+  static constexpr int32_t kMaxDraftTokens = 8;
+  bool can_draft() const override { return mtp_.present && can_page(); }
+  size_t draft_page_bytes() const override;
+  void keep_rows(std::span<const int32_t> step_rows) override;
+  core::Status draft_after(std::span<const DraftRun> runs, std::span<const int32_t> step_tokens,
+                           DraftOut& out) override;
 
   // Benchmarks only: GPU time by op (bench --profile). Decode is profiled only with cuda_graphs off.
   OpProfile& profile() { return prof_; }
@@ -218,7 +240,11 @@ class CudaBackend final : public SequenceBackend {
   core::Status plan_memory();
   // (Re)allocates the states and the KV cache: `slots` state slots (the last one scratch), and the KV of
   // every slot contiguous (pages 0) or `pages` pages of kPageSize positions with a block table per slot.
-  core::Status allocate_states(int slots, int64_t pages);
+  // draft_rows > 0 (paged, drafting): pages also hold the MTP layer's KV (store n_full), and the block tables
+  // have draft_rows more rows, after the slots', one per run of a draft.
+  core::Status allocate_states(int slots, int64_t pages, int draft_rows = 0);
+  // Block-table row `row` = pages[0, need) (the entries that changed uploaded as one copy).
+  core::Status set_table_row(int64_t row, std::span<const int32_t> pages, int64_t need);
   core::Status warm_up();
   core::Status capture_graphs();
   void destroy_graphs();
@@ -241,6 +267,14 @@ class CudaBackend final : public SequenceBackend {
   // rows [0, n) in order. The matmuls take every row at once; the conv, the delta rule and attention run
   // segment by segment. Leaves the final-normed rows in ws_.xn.
   core::Status run_layers(int64_t n, std::span<const RowSegment> segs);
+  // One decoder layer over ws_.h's n rows (h += y_prev first, unless null); leaves its output in ws_.y.
+  core::Status run_layer(const DLayer& L, int64_t n, std::span<const RowSegment> segs, const float* y_prev);
+  // Drafting: the pass's n final-normed rows (ws_.xn) kept at rows step_rows[0, n) of the step (a no-op
+  // unless the pools draft and step_rows is given).
+  core::Status keep_hidden(std::span<const int32_t> step_rows);
+  // The MTP head over n staged rows (ws_.ids: the next tokens, ws_.pos, ws_.slot: block-table rows) with the
+  // hidden rows they pair with in ws_.y; leaves h' (the head's normed output) in ws_.xn.
+  core::Status mtp_pass(int64_t n, std::span<const RowSegment> segs);
   // Rows [row0, row0 + n) of a prefill of `slot` whose first row is token `off` of its run, as segments
   // split after each snapshot's rows (snapshot rows count from the run's first token).
   static void append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
@@ -334,6 +368,27 @@ class CudaBackend final : public SequenceBackend {
   float* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;  // [rot / 2]
   std::vector<DLayer> layers_;
+  DMtp mtp_;  // present when CudaOptions::mtp and the checkpoint (or synthetic config) has a head
+
+  // Drafting (allocate_pools with PoolRequest::draft; cuda_mtp.cpp). One allocation: the step's final
+  // hidden rows by step row [kept_rows_, H], the head's fc input [max_rows_, 2H], last_h_, the drafts'
+  // positions, table rows and ids by round [3][kMaxDraftTokens][draft_seqs_], index lists [index_room_]; and
+  // their pinned host side.
+  bool draft_ = false;
+  void* draft_mem_ = nullptr;
+  float* kept_ = nullptr;
+  float* fc_in_ = nullptr;
+  float* last_h_ = nullptr;  // [draft_seqs_, H]: each drafting run's h' after its rows, by rank
+  int* round_dev_ = nullptr;
+  int* index_dev_ = nullptr;
+  int* draft_host_ = nullptr;  // pinned: [rounds 3 * kMaxDraftTokens * draft_seqs_][index_room_]
+  int64_t kept_rows_ = 0, index_room_ = 0;
+  int32_t draft_seqs_ = 0;
+  int64_t draft_table0_ = 0;      // block-table row of a draft's first run
+  std::vector<int32_t> keep_at_;  // keep_rows: step rows of the next prefill or decode call's rows
+  int* draft_index_host() const;  // the pinned index lists, after the rounds
+  void free_draft_buffers();
+  core::Status allocate_draft_buffers(int64_t step_rows, int32_t step_seqs);
 
   // Per-slot state: [slots][n_linear][conv_dim][K-1] and [slots][n_linear][nv][dk][dv] fp32;
   // KV [slots][n_full][nkv][max_ctx][hd].

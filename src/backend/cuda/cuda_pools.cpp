@@ -35,11 +35,17 @@ size_t CudaBackend::state_slot_bytes() const {
 core::Status CudaBackend::allocate_pools(const PoolRequest& r, Pools& pools) {
   if (!can_page()) return core::Error{"cuda backend: no paged KV with tensor parallelism"};
   if (r.state_slots < 1 || r.kv_pages < 1) return core::Error{"cuda backend: the pools must not be empty"};
-  if (r.draft) return core::Error{"cuda backend: drafting with the MTP head is not supported yet"};
+  if (r.draft && !can_draft())
+    return core::Error{"cuda backend: speculative decoding needs the checkpoint's MTP head (mtp.*) loaded"};
+  if (r.draft && (r.max_step_rows < 1 || r.max_step_seqs < 1))
+    return core::Error{"cuda backend: drafting needs the rows and sequences of a step"};
   bound_.clear();
   slot_used_.clear();
-  // One more slot and page than asked: the scratch ones a graph bucket's padding rows use.
-  DF_TRY(allocate_states(r.state_slots + 1, r.kv_pages + 1));
+  free_draft_buffers();
+  // One more slot and page than asked: the scratch ones a graph bucket's padding rows use. Drafting: a
+  // block-table row per sequence of a step, for the MTP layer's attention.
+  DF_TRY(allocate_states(r.state_slots + 1, r.kv_pages + 1, r.draft ? r.max_step_seqs : 0));
+  if (r.draft) DF_TRY(allocate_draft_buffers(r.max_step_rows, r.max_step_seqs));
   for (int32_t i = 0; i < r.state_slots; ++i) {
     auto s = std::make_unique<CudaSequenceState>();
     s->slot = i;
@@ -54,7 +60,7 @@ core::Status CudaBackend::allocate_pools(const PoolRequest& r, Pools& pools) {
   pools.max_step_seqs = r.max_step_seqs;
   pools.max_context = std::min<int64_t>(plan_.max_context, r.kv_pages * kPageSize);
   pools.paged = true;
-  pools.page_bytes = kv_page_bytes();
+  pools.page_bytes = kv_page_bytes() + (r.draft ? draft_page_bytes() : 0);
   pools.slot_bytes = state_slot_bytes();
   return core::Status();
 }
@@ -70,8 +76,21 @@ core::Expected<SequenceState*> CudaBackend::bind(int32_t slot, int64_t start_pos
   if (static_cast<int64_t>(pages.size()) < need)
     return core::Error{"step: slot " + std::to_string(slot) + " has " + std::to_string(pages.size()) +
                        " KV pages for " + std::to_string(end_pos) + " positions"};
+  DF_TRY(set_table_row(slot, pages, need));
+  if (start_pos == 0) {
+    DF_CUDA_TRY(cudaMemsetAsync(conv_states_ + static_cast<int64_t>(slot) * conv_slot_, 0,
+                                static_cast<size_t>(conv_slot_) * 4, stream_));
+    DF_CUDA_TRY(cudaMemsetAsync(gdn_states_ + static_cast<int64_t>(slot) * gdn_slot_, 0,
+                                static_cast<size_t>(gdn_slot_) * 4, stream_));
+  }
+  CudaSequenceState* s = bound_[static_cast<size_t>(slot)].get();
+  s->pos = start_pos;
+  return s;
+}
+
+core::Status CudaBackend::set_table_row(int64_t table_row, std::span<const int32_t> pages, int64_t need) {
   // Upload the table entries that changed, as one copy of the span between the first and last of them.
-  int* row = table_host_ + static_cast<int64_t>(slot) * table_stride_;
+  int* row = table_host_ + table_row * table_stride_;
   int64_t lo = need, hi = -1;
   for (int64_t i = 0; i < need; ++i) {
     const int32_t p = pages[static_cast<size_t>(i)];
@@ -84,17 +103,9 @@ core::Expected<SequenceState*> CudaBackend::bind(int32_t slot, int64_t start_pos
     }
   }
   if (hi >= lo)
-    DF_CUDA_TRY(cudaMemcpyAsync(block_table_ + static_cast<int64_t>(slot) * table_stride_ + lo, row + lo,
+    DF_CUDA_TRY(cudaMemcpyAsync(block_table_ + table_row * table_stride_ + lo, row + lo,
                                 static_cast<size_t>(hi - lo + 1) * 4, cudaMemcpyHostToDevice, stream_));
-  if (start_pos == 0) {
-    DF_CUDA_TRY(cudaMemsetAsync(conv_states_ + static_cast<int64_t>(slot) * conv_slot_, 0,
-                                static_cast<size_t>(conv_slot_) * 4, stream_));
-    DF_CUDA_TRY(cudaMemsetAsync(gdn_states_ + static_cast<int64_t>(slot) * gdn_slot_, 0,
-                                static_cast<size_t>(gdn_slot_) * 4, stream_));
-  }
-  CudaSequenceState* s = bound_[static_cast<size_t>(slot)].get();
-  s->pos = start_pos;
-  return s;
+  return core::Status();
 }
 
 core::Status CudaBackend::copy_state(int32_t from, int32_t to) {

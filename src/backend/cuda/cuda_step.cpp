@@ -29,9 +29,11 @@ bool CudaBackend::can_fuse(const Step& step) const {
     rows += r.n_rows;
     any_prefill = any_prefill || !is_decode_row(r);
     decode_rows += is_decode_row(r);
-    if (r.logits == RunLogits::kAll) return false;  // prompt log-probabilities: the per-run path
+    // Every row's logits (a speculative verification, prompt log-probabilities) only for a run that does
+    // not also sample; a prompt longer than the logits buffer takes the per-run path.
+    if (r.logits == RunLogits::kAll && r.sample) return false;
     if (r.sample && !r.sample->logit_bias.empty()) return false;  // drawn on the host
-    outputs += r.sample != nullptr || r.logits == RunLogits::kLast;
+    outputs += r.logits == RunLogits::kAll ? r.n_rows : (r.sample != nullptr || r.logits == RunLogits::kLast);
   }
   // All-decode steps replay the graphs instead.
   // The decode rows' split-attention partials hold decode_ws_rows_ rows.
@@ -63,9 +65,11 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   // Rows: decode rows first (one segment), then each prefill run. row_of[i]: run i's first row in the pass.
   std::vector<int64_t> row_of(step.runs.size());
   std::vector<RowSegment> segs;
+  std::vector<int32_t> step_row;  // drafting: each pass row's row of the step, where its hidden row is kept
   int64_t n = 0;
   const auto stage = [&](size_t i, int64_t j) {
     const SeqRun& r = step.runs[i];
+    if (draft_) step_row.push_back(static_cast<int32_t>(r.first_row + j));
     pinned_[n] = step.tokens[static_cast<size_t>(r.first_row + j)];
     pinned_[R + n] = static_cast<int>(ss[i]->pos + j);
     pinned_[2 * R + n] = ss[i]->slot;
@@ -89,23 +93,30 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
   DF_TRY(run_layers(n, segs));
+  DF_TRY(keep_hidden(step_row));
 
   // The rows lm_head reads: the sampled runs' last rows first (the draw takes the logits buffer's first
-  // rows), then those that only return logits. Gathered into ws_.y (free after the final norm).
+  // rows), then those that only return logits (a kAll run's every row). Gathered into ws_.y (free after
+  // the final norm). first_out[i]: run i's first row there.
   std::vector<size_t> sampled, only_logits;
   for (size_t i = 0; i < step.runs.size(); ++i) {
     if (step.runs[i].sample) {
       sampled.push_back(i);
-    } else if (step.runs[i].logits == RunLogits::kLast) {
+    } else if (step.runs[i].logits != RunLogits::kNone) {
       only_logits.push_back(i);
     }
   }
   std::vector<size_t> order = sampled;
   order.insert(order.end(), only_logits.begin(), only_logits.end());
   int* rows = pinned_out_rows();
-  for (size_t k = 0; k < order.size(); ++k)
-    rows[k] = static_cast<int>(row_of[order[k]] + step.runs[order[k]].n_rows - 1);
-  const int64_t m = static_cast<int64_t>(order.size());
+  std::vector<int64_t> first_out(step.runs.size(), 0);
+  int64_t m = 0;
+  for (size_t i : order) {
+    const SeqRun& r = step.runs[i];
+    first_out[i] = m;
+    const int64_t from = r.logits == RunLogits::kAll ? 0 : r.n_rows - 1;
+    for (int64_t j = from; j < r.n_rows; ++j) rows[m++] = static_cast<int>(row_of[i] + j);
+  }
   if (m > 0) {
     int* d_rows = ws_.pos;  // read by every kernel above, which the stream runs first
     DF_CUDA_TRY(cudaMemcpyAsync(d_rows, rows, static_cast<size_t>(m) * 4, cudaMemcpyHostToDevice, stream_));
@@ -116,12 +127,13 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   // Logits as asked, before the draw penalises its rows in place; out.logits rows are in run order.
   size_t at = 0;
   for (size_t i = 0; i < step.runs.size(); ++i) {
-    if (step.runs[i].logits != RunLogits::kLast) continue;
-    const size_t k = static_cast<size_t>(std::find(order.begin(), order.end(), i) - order.begin());
+    const SeqRun& r = step.runs[i];
+    if (r.logits == RunLogits::kNone) continue;
+    const int64_t rows_out = r.logits == RunLogits::kAll ? r.n_rows : 1;
     DF_CUDA_TRY(cudaMemcpyAsync(out.logits.data() + at * static_cast<size_t>(V),
-                                ws_.logits + static_cast<int64_t>(k) * V, static_cast<size_t>(V) * 4,
+                                ws_.logits + first_out[i] * V, static_cast<size_t>(rows_out * V) * 4,
                                 cudaMemcpyDeviceToHost, stream_));
-    ++at;
+    at += static_cast<size_t>(rows_out);
   }
   if (!sampled.empty()) {
     if (!sampling_) sampling_ = std::make_unique<SamplingBatch>();

@@ -417,6 +417,129 @@ DMat expert_view(const DMat& stack, int64_t e) {
   return v;
 }
 
+// One decoder layer of `type` (type_index: its index among the layers of that type); lw == nullptr:
+// synthetic.
+core::Expected<DLayer> lay_out_layer(const model::TextConfig& c, const model::LayerWeights* lw, Layout& lay,
+                                     LayerType type, bool is_moe, int64_t type_index,
+                                     const std::string& what) {
+  const int64_t H = c.hidden_size;
+  const float hs = 1.0f / std::sqrt(static_cast<float>(H));
+  auto one = [](const model::Mat& m) { return std::vector<const model::Mat*>{&m}; };
+  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads, dk = c.linear_key_head_dim;
+  const int64_t dv = c.linear_value_head_dim, C = c.linear_conv_dim(), vd = c.linear_value_dim();
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
+  (void)nk;
+  (void)dk;
+  DLayer L;
+  L.type = type;
+  L.is_moe = is_moe;
+  L.input_norm = lay.vec(lw ? &lw->input_layernorm : nullptr, H, 0.1f, 0.0f);
+  L.post_norm = lay.vec(lw ? &lw->post_attention_layernorm : nullptr, H, 0.1f, 0.0f);
+  if (L.type == LayerType::kLinearAttention) {
+    L.type_index = type_index;
+    std::vector<const model::Mat*> parts;
+    if (lw)
+      parts = {&lw->linear.in_proj_qkv, &lw->linear.in_proj_z, &lw->linear.in_proj_b, &lw->linear.in_proj_a};
+    DF_ASSIGN(L.in_proj, lay.mat(parts, C + vd + 2 * nv, H, hs, what + " in_proj", false, true));
+    L.conv_w = lay.vec(lw ? &lw->linear.conv1d : nullptr, C * c.linear_conv_kernel_dim, 0.5f, 0.0f);
+    L.dt_bias = lay.vec(lw ? &lw->linear.dt_bias : nullptr, nv, 0.2f, 1.0f);
+    L.A_log = lay.vec(lw ? &lw->linear.A_log : nullptr, nv, 1.0f, 1.5f);
+    L.gdn_norm = lay.vec(lw ? &lw->linear.norm : nullptr, dv, 0.1f, 1.0f);
+    DF_ASSIGN(L.out_proj, lay.mat(lw ? one(lw->linear.out_proj) : std::vector<const model::Mat*>{}, H, vd,
+                                  1.0f / std::sqrt(static_cast<float>(vd)), what + " out_proj", false, true));
+  } else {
+    L.type_index = type_index;
+    std::vector<const model::Mat*> parts;
+    if (lw) parts = {&lw->attn.q_proj, &lw->attn.k_proj, &lw->attn.v_proj};
+    DF_ASSIGN(L.qkv, lay.mat(parts, nh * qw + 2 * nkv * hd, H, hs, what + " q/k/v_proj", false, true));
+    L.q_norm = lay.vec(lw ? &lw->attn.q_norm : nullptr, hd, 0.1f, 0.0f);
+    L.k_norm = lay.vec(lw ? &lw->attn.k_norm : nullptr, hd, 0.1f, 0.0f);
+    DF_ASSIGN(L.o_proj,
+              lay.mat(lw ? one(lw->attn.o_proj) : std::vector<const model::Mat*>{}, H, nh * hd,
+                      1.0f / std::sqrt(static_cast<float>(nh * hd)), what + " o_proj", false, true));
+  }
+  if (!L.is_moe) {
+    const int64_t I = c.intermediate_size;
+    std::vector<const model::Mat*> gu, dn;
+    if (lw) {
+      gu = {&lw->mlp.gate_proj, &lw->mlp.up_proj};
+      dn = {&lw->mlp.down_proj};
+    }
+    DF_ASSIGN(L.gate_up, lay.mat(gu, 2 * I, H, hs, what + " gate/up_proj", true));
+    DF_ASSIGN(L.down, lay.mat(dn, H, I, 1.0f / std::sqrt(static_cast<float>(I)), what + " down_proj"));
+  } else {
+    const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+    std::vector<const model::Mat*> r, sgu, sdn, sg;
+    std::vector<std::vector<const model::Mat*>> gu, dn;  // per expert
+    if (lw) {
+      r = {&lw->moe.router};
+      for (const auto& e : lw->moe.experts) {
+        gu.push_back({&e.gate_proj, &e.up_proj});
+        dn.push_back({&e.down_proj});
+      }
+      sgu = {&lw->moe.shared_expert.gate_proj, &lw->moe.shared_expert.up_proj};
+      sdn = {&lw->moe.shared_expert.down_proj};
+      sg = {&lw->moe.shared_expert_gate};
+    }
+    // The router stays in its float type (fp32 routing reads 16-bit rows; a quantized router is widened).
+    // Quantized routed experts keep their layout for the grouped kernels (Layout::experts); then the shared
+    // expert runs as a dense MLP in its own format. Else the 16-bit MoE kernels read everything, the shared
+    // expert widened as well (load() says so).
+    lay.set_float_only(true);
+    // [router | shared_expert_gate] as one matrix, so that decode reads x once for both logits (when the
+    // two share a dtype); router and shared_gate are views of it.
+    if (!lw || lw->moe.router.dtype == lw->moe.shared_expert_gate.dtype) {
+      std::vector<const model::Mat*> rg;
+      if (lw) rg = {&lw->moe.router, &lw->moe.shared_expert_gate};
+      DF_ASSIGN(L.router_gate, lay.mat(rg, E + 1, H, hs, what + " router/shared expert gate"));
+      L.router = L.router_gate;
+      L.router.rows = E;
+      L.shared_gate = L.router_gate;
+      L.shared_gate.rows = 1;
+      L.shared_gate.data = static_cast<const uint8_t*>(L.router_gate.data) +
+                           static_cast<size_t>(E * H) * core::dtype_size(L.router_gate.dtype);
+    } else {
+      DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
+      DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
+    }
+    lay.set_float_only(false);
+    const bool qe = lay.experts_pack(gu, E, 2 * Im, H, true) && lay.experts_pack(dn, E, H, Im, false);
+    // Quantized experts take the shared expert as expert E of their stacks when it has their shape and
+    // layout (the published NVFP4 and FP8 checkpoints: one scheme for every MLP).
+    if (qe && Is == Im) {
+      auto gu1 = gu, dn1 = dn;
+      if (lw) {
+        gu1.push_back(sgu);
+        dn1.push_back(sdn);
+      }
+      L.shared_in_stack =
+          lay.experts_pack(gu1, E + 1, 2 * Im, H, true) && lay.experts_pack(dn1, E + 1, H, Im, false);
+      if (L.shared_in_stack) {
+        gu = std::move(gu1);
+        dn = std::move(dn1);
+      }
+    }
+    const int64_t Es = E + (L.shared_in_stack ? 1 : 0);
+    DF_ASSIGN(L.experts_gu, lay.experts(gu, Es, 2 * Im, H, hs, what + " experts gate/up", true, qe));
+    L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements (or the strides)
+    DF_ASSIGN(L.experts_down, lay.experts(dn, Es, H, Im, 1.0f / std::sqrt(static_cast<float>(Im)),
+                                          what + " experts down", false, qe));
+    L.experts_down.rows = H;
+    if (L.shared_in_stack) {
+      L.shared_gu = expert_view(L.experts_gu, E);
+      L.shared_down = expert_view(L.experts_down, E);
+    } else {
+      lay.set_float_only(!qe);
+      DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
+      DF_ASSIGN(L.shared_down,
+                lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)), what + " shared expert down"));
+      lay.set_float_only(false);
+    }
+  }
+  return L;
+}
+
 // Lays out every weight of the model; w == nullptr: synthetic.
 core::Status lay_out(const model::TextConfig& c, const model::ModelWeights* w, Layout& lay, DMat& embed,
                      DMat& lm_head, float*& final_norm, float*& inv_freq, std::vector<DLayer>& layers) {
@@ -438,127 +561,35 @@ core::Status lay_out(const model::TextConfig& c, const model::ModelWeights* w, L
   if (f.empty()) f.push_back(0.0f);
   inv_freq = lay.values(std::move(f));
 
-  const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads, dk = c.linear_key_head_dim;
-  const int64_t dv = c.linear_value_head_dim, C = c.linear_conv_dim(), vd = c.linear_value_dim();
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t qw = c.attn_output_gate ? 2 * hd : hd;
-  (void)nk;
-  (void)dk;
   int64_t n_lin = 0, n_full = 0;
   layers.clear();
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const model::LayerWeights* lw = w ? &w->layers[static_cast<size_t>(i)] : nullptr;
-    const std::string what = "layer " + std::to_string(i);
-    DLayer L;
-    L.type = c.layer_types[static_cast<size_t>(i)];
-    L.is_moe = c.layer_is_moe(i);
-    L.input_norm = lay.vec(lw ? &lw->input_layernorm : nullptr, H, 0.1f, 0.0f);
-    L.post_norm = lay.vec(lw ? &lw->post_attention_layernorm : nullptr, H, 0.1f, 0.0f);
-    if (L.type == LayerType::kLinearAttention) {
-      L.type_index = n_lin++;
-      std::vector<const model::Mat*> parts;
-      if (lw)
-        parts = {&lw->linear.in_proj_qkv, &lw->linear.in_proj_z, &lw->linear.in_proj_b,
-                 &lw->linear.in_proj_a};
-      DF_ASSIGN(L.in_proj, lay.mat(parts, C + vd + 2 * nv, H, hs, what + " in_proj", false, true));
-      L.conv_w = lay.vec(lw ? &lw->linear.conv1d : nullptr, C * c.linear_conv_kernel_dim, 0.5f, 0.0f);
-      L.dt_bias = lay.vec(lw ? &lw->linear.dt_bias : nullptr, nv, 0.2f, 1.0f);
-      L.A_log = lay.vec(lw ? &lw->linear.A_log : nullptr, nv, 1.0f, 1.5f);
-      L.gdn_norm = lay.vec(lw ? &lw->linear.norm : nullptr, dv, 0.1f, 1.0f);
-      DF_ASSIGN(L.out_proj,
-                lay.mat(lw ? one(lw->linear.out_proj) : std::vector<const model::Mat*>{}, H, vd,
-                        1.0f / std::sqrt(static_cast<float>(vd)), what + " out_proj", false, true));
-    } else {
-      L.type_index = n_full++;
-      std::vector<const model::Mat*> parts;
-      if (lw) parts = {&lw->attn.q_proj, &lw->attn.k_proj, &lw->attn.v_proj};
-      DF_ASSIGN(L.qkv, lay.mat(parts, nh * qw + 2 * nkv * hd, H, hs, what + " q/k/v_proj", false, true));
-      L.q_norm = lay.vec(lw ? &lw->attn.q_norm : nullptr, hd, 0.1f, 0.0f);
-      L.k_norm = lay.vec(lw ? &lw->attn.k_norm : nullptr, hd, 0.1f, 0.0f);
-      DF_ASSIGN(L.o_proj,
-                lay.mat(lw ? one(lw->attn.o_proj) : std::vector<const model::Mat*>{}, H, nh * hd,
-                        1.0f / std::sqrt(static_cast<float>(nh * hd)), what + " o_proj", false, true));
-    }
-    if (!L.is_moe) {
-      const int64_t I = c.intermediate_size;
-      std::vector<const model::Mat*> gu, dn;
-      if (lw) {
-        gu = {&lw->mlp.gate_proj, &lw->mlp.up_proj};
-        dn = {&lw->mlp.down_proj};
-      }
-      DF_ASSIGN(L.gate_up, lay.mat(gu, 2 * I, H, hs, what + " gate/up_proj", true));
-      DF_ASSIGN(L.down, lay.mat(dn, H, I, 1.0f / std::sqrt(static_cast<float>(I)), what + " down_proj"));
-    } else {
-      const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-      std::vector<const model::Mat*> r, sgu, sdn, sg;
-      std::vector<std::vector<const model::Mat*>> gu, dn;  // per expert
-      if (lw) {
-        r = {&lw->moe.router};
-        for (const auto& e : lw->moe.experts) {
-          gu.push_back({&e.gate_proj, &e.up_proj});
-          dn.push_back({&e.down_proj});
-        }
-        sgu = {&lw->moe.shared_expert.gate_proj, &lw->moe.shared_expert.up_proj};
-        sdn = {&lw->moe.shared_expert.down_proj};
-        sg = {&lw->moe.shared_expert_gate};
-      }
-      // The router stays in its float type (fp32 routing reads 16-bit rows; a quantized router is widened).
-      // Quantized routed experts keep their layout for the grouped kernels (Layout::experts); then the shared
-      // expert runs as a dense MLP in its own format. Else the 16-bit MoE kernels read everything, the shared
-      // expert widened as well (load() says so).
-      lay.set_float_only(true);
-      // [router | shared_expert_gate] as one matrix, so that decode reads x once for both logits (when the
-      // two share a dtype); router and shared_gate are views of it.
-      if (!lw || lw->moe.router.dtype == lw->moe.shared_expert_gate.dtype) {
-        std::vector<const model::Mat*> rg;
-        if (lw) rg = {&lw->moe.router, &lw->moe.shared_expert_gate};
-        DF_ASSIGN(L.router_gate, lay.mat(rg, E + 1, H, hs, what + " router/shared expert gate"));
-        L.router = L.router_gate;
-        L.router.rows = E;
-        L.shared_gate = L.router_gate;
-        L.shared_gate.rows = 1;
-        L.shared_gate.data = static_cast<const uint8_t*>(L.router_gate.data) +
-                             static_cast<size_t>(E * H) * core::dtype_size(L.router_gate.dtype);
-      } else {
-        DF_ASSIGN(L.router, lay.mat(r, E, H, hs, what + " router"));
-        DF_ASSIGN(L.shared_gate, lay.mat(sg, 1, H, hs, what + " shared expert gate"));
-      }
-      lay.set_float_only(false);
-      const bool qe = lay.experts_pack(gu, E, 2 * Im, H, true) && lay.experts_pack(dn, E, H, Im, false);
-      // Quantized experts take the shared expert as expert E of their stacks when it has their shape and
-      // layout (the published NVFP4 and FP8 checkpoints: one scheme for every MLP).
-      if (qe && Is == Im) {
-        auto gu1 = gu, dn1 = dn;
-        if (lw) {
-          gu1.push_back(sgu);
-          dn1.push_back(sdn);
-        }
-        L.shared_in_stack =
-            lay.experts_pack(gu1, E + 1, 2 * Im, H, true) && lay.experts_pack(dn1, E + 1, H, Im, false);
-        if (L.shared_in_stack) {
-          gu = std::move(gu1);
-          dn = std::move(dn1);
-        }
-      }
-      const int64_t Es = E + (L.shared_in_stack ? 1 : 0);
-      DF_ASSIGN(L.experts_gu, lay.experts(gu, Es, 2 * Im, H, hs, what + " experts gate/up", true, qe));
-      L.experts_gu.rows = 2 * Im;  // one expert's view; expert e at e * 2Im*H elements (or the strides)
-      DF_ASSIGN(L.experts_down, lay.experts(dn, Es, H, Im, 1.0f / std::sqrt(static_cast<float>(Im)),
-                                            what + " experts down", false, qe));
-      L.experts_down.rows = H;
-      if (L.shared_in_stack) {
-        L.shared_gu = expert_view(L.experts_gu, E);
-        L.shared_down = expert_view(L.experts_down, E);
-      } else {
-        lay.set_float_only(!qe);
-        DF_ASSIGN(L.shared_gu, lay.mat(sgu, 2 * Is, H, hs, what + " shared expert gate/up", true));
-        DF_ASSIGN(L.shared_down, lay.mat(sdn, H, Is, 1.0f / std::sqrt(static_cast<float>(Is)),
-                                         what + " shared expert down"));
-        lay.set_float_only(false);
-      }
-    }
+    const LayerType type = c.layer_types[static_cast<size_t>(i)];
+    const int64_t index = type == LayerType::kLinearAttention ? n_lin++ : n_full++;
+    DF_ASSIGN(DLayer L,
+              lay_out_layer(c, lw, lay, type, c.layer_is_moe(i), index, "layer " + std::to_string(i)));
     layers.push_back(L);
   }
+  return core::Status();
+}
+
+// The MTP head after the layers: its decoder layer is full attention number n_full (its KV store in a page).
+core::Status lay_out_mtp(const model::TextConfig& c, const model::ModelWeights* w, Layout& lay, DMtp& m) {
+  const int64_t H = c.hidden_size;
+  const model::MtpWeights* mw = w ? &w->mtp : nullptr;
+  m = {};
+  if (mw ? !mw->present : c.mtp_num_hidden_layers < 1) return core::Status();
+  m.norm_embedding = lay.vec(mw ? &mw->pre_fc_norm_embedding : nullptr, H, 0.1f, 0.0f);
+  m.norm_hidden = lay.vec(mw ? &mw->pre_fc_norm_hidden : nullptr, H, 0.1f, 0.0f);
+  std::vector<const model::Mat*> fc;
+  if (mw) fc = {&mw->fc};
+  DF_ASSIGN(m.fc, lay.mat(fc, H, 2 * H, 1.0f / std::sqrt(static_cast<float>(2 * H)), "mtp fc"));
+  DF_ASSIGN(m.layer,
+            lay_out_layer(c, mw ? &mw->layer : nullptr, lay, LayerType::kFullAttention, c.num_experts > 0,
+                          c.count_layers(LayerType::kFullAttention), "mtp layer"));
+  m.norm = lay.vec(mw ? &mw->norm : nullptr, H, 0.1f, 0.0f);
+  m.present = true;
   return core::Status();
 }
 
@@ -570,6 +601,7 @@ core::Expected<PlacedWeights> lay_out_weights(const model::TextConfig& c, const 
   lay.set_quant_experts(src.quant_experts);
   PlacedWeights p;
   DF_TRY(lay_out(c, src.weights, lay, p.embed, p.lm_head, p.final_norm, p.inv_freq, p.layers));
+  if (src.mtp) DF_TRY(lay_out_mtp(c, src.weights, lay, p.mtp));
   p.bytes = lay.size();
   p.widened = lay.widened();
   p.jobs = std::move(lay.jobs());

@@ -24,6 +24,8 @@ struct WeightSource {
   const model::ModelWeights* weights = nullptr;
   std::string synthetic_quant;
   bool quant_experts = true;  // routed experts may keep their quantized layout (not exact, not sharded)
+  // The MTP head too: the checkpoint's (when it has a whole one), or synthetic when the config has one.
+  bool mtp = false;
 };
 
 // What fills one region of the weight allocation: host bytes (mmap'd checkpoint), converted fp32 values, or
@@ -51,6 +53,7 @@ struct PlacedWeights {
   float* final_norm = nullptr;
   float* inv_freq = nullptr;
   std::vector<DLayer> layers;
+  DMtp mtp;
   std::vector<Job> jobs;
 };
 
