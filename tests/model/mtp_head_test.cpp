@@ -98,6 +98,81 @@ TEST_P(MtpGoldens, LogitsAndDraftChainMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, MtpGoldens, ::testing::Values("dense", "moe", "next"));
 
+// Drafting is batch-invariant: two sequences' drafts in one call equal each drafted alone (bitwise), after a
+// step of both prompts and after a step of a decode row each (the runs of one row that the CUDA backend
+// batches as decode rows).
+TEST_P(MtpGoldens, DraftsTogetherEqualDraftsAlone) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("df_mtp_b_" + GetParam() + "_" + std::to_string(::getpid())))
+          .string();
+  ASSERT_TRUE(model::write_tiny_checkpoint(GetParam(), 1, dir).is_ok());
+  auto a = CpuBackend::load(dir), b = CpuBackend::load(dir);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  std::filesystem::remove_all(dir);
+  const int64_t V = (*a)->config().vocab_size;
+  for (auto* be : {a->get(), b->get()}) {
+    backend::PoolRequest r;
+    r.kv_pages = 24;
+    r.state_slots = 4;
+    r.max_step_rows = 64;
+    r.max_step_seqs = 4;
+    r.draft = true;
+    ASSERT_TRUE(be->allocate(r).is_ok());
+  }
+  std::vector<int32_t> pages0, pages1;
+  for (int32_t i = 0; i < 10; ++i) {
+    pages0.push_back(i);
+    pages1.push_back(10 + i);
+  }
+  const auto ids = [&](int n, int salt) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 131 + salt * 7919 + 3) % V));
+    return p;
+  };
+  // A step of both sequences' runs (n0 and n1 rows at start0 and start1), then the head over their rows.
+  const auto round = [&](int n0, int64_t start0, int n1, int64_t start1, int d0, int d1) {
+    std::vector<int32_t> tokens = ids(n0, start0 + 1);
+    const auto t1 = ids(n1, start1 + 2);
+    tokens.insert(tokens.end(), t1.begin(), t1.end());
+    backend::SeqRun r0, r1;
+    r0.n_rows = n0;
+    r0.start_pos = start0;
+    r0.state_slot = 0;
+    r0.kv_pages = pages0;
+    r1.first_row = n0;
+    r1.n_rows = n1;
+    r1.start_pos = start1;
+    r1.state_slot = 1;
+    r1.kv_pages = pages1;
+    const backend::SeqRun runs[2] = {r0, r1};
+    backend::DraftRun d[2];
+    for (int i = 0; i < 2; ++i) {
+      d[i].first_row = runs[i].first_row;
+      d[i].n_rows = runs[i].n_rows;
+      d[i].start_pos = runs[i].start_pos;
+      d[i].kv_pages = runs[i].kv_pages;
+      d[i].next_token = static_cast<int32_t>((17 * i + start0 + 5) % V);
+      d[i].n_draft = i == 0 ? d0 : d1;
+      d[i].logits = backend::RunLogits::kAll;
+    }
+    backend::StepOut so;
+    backend::DraftOut together, alone[2];
+    ASSERT_TRUE((*a)->step(backend::Step{tokens, runs}, so).is_ok());
+    ASSERT_TRUE((*a)->draft(d, together).is_ok());
+    ASSERT_TRUE((*b)->step(backend::Step{tokens, runs}, so).is_ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE((*b)->draft(std::span(d + i, 1), alone[i]).is_ok());
+    auto tokens_alone = alone[0].tokens;
+    auto logits_alone = alone[0].logits;
+    tokens_alone.insert(tokens_alone.end(), alone[1].tokens.begin(), alone[1].tokens.end());
+    logits_alone.insert(logits_alone.end(), alone[1].logits.begin(), alone[1].logits.end());
+    EXPECT_EQ(together.tokens, tokens_alone) << "runs of " << n0 << " and " << n1;
+    EXPECT_TRUE(together.logits == logits_alone) << "runs of " << n0 << " and " << n1;
+  };
+  round(30, 0, 10, 0, 3, 2);
+  round(1, 30, 1, 10, 1, 5);
+  round(1, 31, 1, 11, 4, 4);
+}
+
 TEST(MtpHead, CheckpointWithoutHeadCannotDraft) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("df_mtp_vl_" + std::to_string(::getpid()))).string();

@@ -221,7 +221,11 @@ class CudaBackend final : public SequenceBackend {
   // Speculative decoding (cuda_mtp.cpp): the MTP head drafts as backend/cpu/mtp_head.cpp does, over the
   // final hidden rows each step keeps (pools allocated with PoolRequest::draft).
   static constexpr int32_t kMaxDraftTokens = 8;
-  bool can_draft() const override { return mtp_.present && can_page(); }
+  // Experimental: only with DELTAFLOW_CUDA_DRAFT=1 in the environment. The GPU tests (cuda_mtp_test.cpp)
+  // still find the head's rows wrong in a decode segment of several sequences, and the engine's tokens with
+  // speculation unequal to those without, in exact mode; until they pass, --speculative-tokens on CUDA is
+  // refused as before.
+  bool can_draft() const override;
   size_t draft_page_bytes() const override;
   void keep_rows(std::span<const int32_t> step_rows) override;
   core::Status draft_after(std::span<const DraftRun> runs, std::span<const int32_t> step_tokens,

@@ -9,6 +9,7 @@
 // drafting in round k are the first ones: every round stays on the GPU (its argmax is the next round's
 // input ids, its output rows the next round's hidden rows) and the drafts come back in one copy at the end.
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 
@@ -26,6 +27,14 @@ size_t round_up_256(size_t n) {
 }
 
 }  // namespace
+
+bool CudaBackend::can_draft() const {
+  static const bool on = [] {
+    const char* e = std::getenv("DELTAFLOW_CUDA_DRAFT");
+    return e && std::string(e) == "1";
+  }();
+  return on && mtp_.present && can_page();
+}
 
 size_t CudaBackend::draft_page_bytes() const {
   if (!mtp_.present) return 0;
