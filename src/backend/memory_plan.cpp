@@ -13,7 +13,8 @@ namespace {
 
 // Constants of the CUDA backend the plan depends on (kLogitRows and kDecodeMaxRows in cuda_backend.cpp,
 // kGemvMaxRows in gemv.cuh, kAttnSplitKeys and kAttnMaxSplits in attention.cuh, kGemmWorkspace in
-// cuda_backend.cpp, kGdnChunkLen in gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh).
+// cuda_backend.cpp, kGdnChunkLen in gdn_chunked.cuh, kGroupedTileRows in moe_grouped.cuh, kMaxDraftTokens in
+// cuda_backend.hpp).
 constexpr int64_t kLogitRows = 256;
 constexpr int64_t kGemvMaxRows = 32;  // also kQuantGemvMaxRows (gemv_quant.cuh)
 constexpr int64_t kDecodeMaxRows = 256;
@@ -22,6 +23,7 @@ constexpr int64_t kAttnMaxSplits = 128;
 constexpr size_t kGemmWorkspace = 32u << 20;
 constexpr int64_t kGdnChunkLen = 64;
 constexpr int64_t kGroupedTileRows = 64;
+constexpr int64_t kMaxDraftTokens = 8;
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t n, size_t a) {
@@ -512,9 +514,9 @@ MemoryPlanEstimate estimate_memory_plan(const model::TextConfig& c, const Memory
   if (drafting) {
     // CudaBackend::allocate_draft_buffers.
     const int64_t H = c.hidden_size, R = std::max<int64_t>(opt.prefill_chunk, kGemvMaxRows);
-    const int64_t S = opt.draft_step_seqs, kMaxDraft = 8;
+    const int64_t S = opt.draft_step_seqs;
     const int64_t index = std::max(opt.draft_step_rows, R) + 2 * std::max<int64_t>(S, kLogitRows);
-    for (int64_t words : {opt.draft_step_rows * H, R * 2 * H, S * H, 3 * kMaxDraft * S, index})
+    for (int64_t words : {opt.draft_step_rows * H, R * 2 * H, S * H, 3 * kMaxDraftTokens * S, index})
       p.draft += align_up(static_cast<size_t>(words) * 4, kAlign);
   }
   p.state_bytes_per_sequence = static_cast<size_t>(conv_slot + gdn_slot) * 4;

@@ -86,9 +86,8 @@ TEST(MemoryPlan, Qwen36_27bMtpHeadByHand) {
   const auto pad = [](uint64_t b) { return (b + 255) / 256 * 256; };
   EXPECT_EQ(drafting.draft, pad(8192ull * 5120 * 4) + pad(4096ull * 10240 * 4) + pad(8ull * 5120 * 4) +
                                 pad(3ull * 8 * 8 * 4) + pad((8192ull + 512) * 4));
-  EXPECT_EQ(drafting.total(),
-            drafting.weights + drafting.kv + drafting.states + drafting.workspace + drafting.gemm_workspace +
-                drafting.draft);
+  EXPECT_EQ(drafting.total(), drafting.weights + drafting.kv + drafting.states + drafting.workspace +
+                                  drafting.gemm_workspace + drafting.draft);
 }
 
 // Quantized checkpoints: the config's schemes, sized as the CUDA backend lays them out (quant_pack.hpp).

@@ -10,7 +10,6 @@
 // input ids, its output rows the next round's hidden rows) and the drafts come back in one copy at the end.
 #include <algorithm>
 #include <cstdlib>
-#include <numeric>
 #include <string>
 
 #include "backend/cuda/cuda_backend.hpp"
