@@ -166,6 +166,10 @@ class Backend {
   // Runs the step. Every run's slot and pages must be distinct from the others' (pages shared by reference
   // are read only below start_pos).
   virtual core::Status step(const Step& step, StepOut& out) = 0;
+  // The id `spec` draws from one row of logits, by the sampler step() draws its runs' tokens with (the GPU
+  // one draws other ids than the host reference, from the same distribution). A speculative verification
+  // draws its rows here, so that its tokens are those of decoding without speculation.
+  virtual core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec) = 0;
 
   // Copies a recurrent state (prefix checkpoints), and whole KV pages (copy on write of a shared partial
   // page).

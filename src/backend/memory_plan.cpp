@@ -450,7 +450,8 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
                                       R,
                                       R,
                                       R,
-                                      D,  // ids, pos, slot, out ids
+                                      R,
+                                      D,  // ids, pos, slot, row snapshots, out ids
                                       moe_tiles};
   Sizer s;
   for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);

@@ -85,7 +85,12 @@ core::Status SequenceStepper::prefill_run(const SeqRun& r, SequenceState* s,
 }
 
 core::Expected<int32_t> SequenceStepper::draw(std::span<const float> row, const SamplingSpec& spec) {
-  if (!inner_->can_sample() || !spec.logit_bias.empty()) return sample_row(row, spec, work_);
+  if (static_cast<int64_t>(row.size()) != config().vocab_size)
+    return core::Error{"draw: a logits row of " + std::to_string(row.size()) +
+                       " floats, the vocabulary has " + std::to_string(config().vocab_size)};
+  // Plain greedy is the argmax on both (ties to the lowest id): no copy to the device for it.
+  if (!inner_->can_sample() || !spec.logit_bias.empty() || spec.is_plain_greedy())
+    return sample_row(row, spec, work_);
   DF_TRY(inner_->sample_logits(row, std::span<const SamplingSpec>(&spec, 1), ids_));
   return ids_.at(0);
 }

@@ -31,6 +31,8 @@ class SequenceStepper final : public Backend {
   core::Status allocate(const PoolRequest& request) override;
   const Pools& pools() const override { return pools_; }
   core::Status step(const Step& step, StepOut& out) override;
+  // On the backend when it samples, else the host reference.
+  core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec) override;
   core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
   core::Status copy_pages(std::span<const PageCopy> copies) override;
   // Speculative decoding on a paged backend that drafts: the step's rows are kept where the engine numbers
@@ -46,8 +48,6 @@ class SequenceStepper final : public Backend {
   // A prefill run (or one with snapshots, which the backend copies in the same pass); its logits rows into
   // logits_.
   core::Status prefill_run(const SeqRun& run, SequenceState* s, std::span<const int32_t> tokens);
-  // The draw from one host row: on the backend when it samples, else the host reference.
-  core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec);
 
   std::unique_ptr<SequenceBackend> owned_;
   SequenceBackend* inner_ = nullptr;

@@ -91,7 +91,7 @@ core::Status Scheduler::plan() {
     return core::Error{
         std::string("--speculative-tokens: the ") + backend_.name() +
         " backend cannot draft with this checkpoint (it needs the checkpoint's MTP head, mtp.*, "
-        "and a backend that runs it: cpu for now)"};
+        "and a backend that runs it: cpu, or cuda without tensor parallelism)"};
   const auto& fa = opt_.forced_acceptance;
   if (!fa.empty() && opt_.speculative_tokens <= 0)
     return core::Error{"--accept-rates needs --speculative-tokens K (1.." +
@@ -857,7 +857,13 @@ void Scheduler::verify(Sequence& s, const float* rows) {
     s.computed = start + used;
     s.slot = slot_after(used);  // what finish() keeps if this token ends the sequence
     const float* lr = rows + static_cast<size_t>(j) * V;
-    int32_t drawn = backend::sample_row(std::span<const float>(lr, V), s.sampling.spec(), work_);
+    // By the backend's sampler, as a step without drafts would have drawn it.
+    auto draw = backend_.draw(std::span<const float>(lr, V), s.sampling.spec());
+    if (!draw) {
+      finish(s, FinishReason::kError, draw.message());
+      break;
+    }
+    int32_t drawn = *draw;
     if (!opt_.forced_acceptance.empty() && j < n) drawn = forced_draw(s, j, drawn);
     s.checking_draft = j < n ? s.drafts[static_cast<size_t>(j)] : -1;
     s.last_id = -1;

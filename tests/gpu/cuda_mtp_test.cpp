@@ -36,7 +36,6 @@ std::string temp_dir(const std::string& what) {
 }
 
 std::unique_ptr<backend::SequenceStepper> load_cuda(const std::string& dir, bool exact) {
-  ::setenv("DELTAFLOW_CUDA_DRAFT", "1", 1);  // drafting on CUDA is experimental (CudaBackend::can_draft)
   CudaOptions opt;
   opt.exact = exact;
   opt.engine_pools = true;
@@ -147,9 +146,11 @@ TEST_P(CudaDraft, HeadEqualsCpuReference) {
   // A prompt as one run (the per-run prefill path); the head over 29 of its rows, three drafts.
   step_and_draft(p0, {{30, 0, 0}}, {{29, 3}}, "prompt");
   len[0] = 30;
-  // A verification-like run of four rows (prefill path); the head over two of them, two drafts.
+  // A verification-like run of four rows (prefill path); the head over two of them, two drafts. The next
+  // step goes on after those two, as the engine's does after one accepted draft: the head's KV then holds
+  // every position it reads (the main model's recurrent state has taken all four rows, on both backends).
   step_and_draft(ids_of(4, 3, V), {{4, len[0], 0}}, {{2, 2}}, "verification");
-  len[0] += 4;
+  len[0] += 2;
   // A decode row of sequence 0 beside sequence 1's prompt: one fused pass.
   std::vector<int32_t> t = ids_of(1, 4, V);
   t.insert(t.end(), p1.begin(), p1.end());
@@ -158,6 +159,10 @@ TEST_P(CudaDraft, HeadEqualsCpuReference) {
   len[1] = 10;
   // A decode-only step of both (the batched decode, its graph).
   step_and_draft(ids_of(2, 5, V), {{1, len[0], 0}, {1, len[1], 1}}, {{1, 1}, {1, 5}}, "decode");
+  len[0] += 1;
+  len[1] += 1;
+  // The same with the runs the other way round: the head's rows and rounds in another order.
+  step_and_draft(ids_of(2, 6, V), {{1, len[1], 1}, {1, len[0], 0}}, {{1, 3}, {1, 2}}, "decode, swapped");
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaDraft, ::testing::Values("dense", "moe", "next"));

@@ -384,7 +384,6 @@ void expect_plan_equals_estimate(const std::string& preset, bool exact, bool eng
   opt.kv_fp8 = fp8;
   opt.engine_pools = engine_pools;
   opt.mtp = draft;
-  if (draft) ::setenv("DELTAFLOW_CUDA_DRAFT", "1", 1);  // experimental (CudaBackend::can_draft)
   auto cuda = backend::cuda::CudaBackend::load(dir, opt);
   ASSERT_TRUE(cuda.is_ok()) << cuda.message();
   backend::MemoryPlanOptions po;

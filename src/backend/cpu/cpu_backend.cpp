@@ -712,6 +712,13 @@ core::Status CpuBackend::step(const Step& st, StepOut& out) {
   return core::Status();
 }
 
+core::Expected<int32_t> CpuBackend::draw(std::span<const float> row, const SamplingSpec& spec) {
+  if (static_cast<int64_t>(row.size()) != config_.vocab_size)
+    return core::Error{"draw: a logits row of " + std::to_string(row.size()) +
+                       " floats, the vocabulary has " + std::to_string(config_.vocab_size)};
+  return sample_row(row, spec, work_);
+}
+
 core::Status CpuBackend::copy_state(int32_t from, int32_t to) {
   if (from < 0 || to < 0 || from >= pools_.state_slots || to >= pools_.state_slots)
     return core::Error{"copy_state: slot outside the pool"};

@@ -111,6 +111,7 @@ class CpuBackend final : public Backend, public SequenceBackend {
   core::Status allocate(const PoolRequest& request) override;
   const Pools& pools() const override { return pools_; }
   core::Status step(const Step& step, StepOut& out) override;
+  core::Expected<int32_t> draw(std::span<const float> row, const SamplingSpec& spec) override;
   core::Status copy_state(int32_t from_slot, int32_t to_slot) override;
   core::Status copy_pages(std::span<const PageCopy> copies) override;
   bool can_draft() const override { return weights_.mtp.present; }

@@ -90,6 +90,23 @@ __global__ void kernel_conv1d_prefill_state(const float* __restrict__ in, int64_
   for (int j = 0; j < S; ++j) state[c * S + j] = win[j];
 }
 
+// Block row t: when snap[t] >= 0, the state after token t (the K-1 inputs of [state, in] ending at t) into
+// states + snap[t] * slot_stride. Reads the state as it was before the segment.
+__global__ void kernel_conv1d_snapshots(const float* __restrict__ in, int64_t ld_in, int64_t C, int K,
+                                        const float* __restrict__ state, const int* __restrict__ snap,
+                                        float* __restrict__ states, int64_t slot_stride) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  const int to = snap[t];
+  if (c >= C || to < 0) return;
+  const int S = K - 1;
+  float* dst = states + static_cast<int64_t>(to) * slot_stride + c * S;
+  for (int j = 0; j < S; ++j) {
+    const int64_t p = t + 1 + j;  // index into [state (S), in (T)]
+    dst[j] = p < S ? state[c * S + p] : in[(p - S) * ld_in + c];
+  }
+}
+
 __global__ void kernel_conv1d_decode(const float* __restrict__ in, int64_t ld_in, int n, int64_t C,
                                      const float* __restrict__ w, int K, float* __restrict__ states,
                                      int64_t slot_stride, const int* __restrict__ slots,
@@ -121,6 +138,16 @@ cudaError_t causal_conv1d_prefill(const float* in, int64_t ld_in, int64_t T, int
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (K == 1) return cudaSuccess;
   kernel_conv1d_prefill_state<<<grid_1d(C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, K, state);
+  return cudaGetLastError();
+}
+
+cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, int64_t C, int K,
+                                    const float* state, const int* snap, float* states, int64_t slot_stride,
+                                    cudaStream_t stream) {
+  if (K < 1 || K > kMaxConvKernel || T > 65535) return cudaErrorInvalidValue;
+  if (T == 0 || C == 0 || K == 1) return cudaSuccess;
+  kernel_conv1d_snapshots<<<dim3(grid_1d(C, kThreads), static_cast<unsigned>(T)), kThreads, 0, stream>>>(
+      in, ld_in, C, K, state, snap, states, slot_stride);
   return cudaGetLastError();
 }
 

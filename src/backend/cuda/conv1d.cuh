@@ -15,6 +15,12 @@ inline constexpr int kMaxConvKernel = 8;
 cudaError_t causal_conv1d_prefill(const float* in, int64_t ld_in, int64_t T, int64_t C, const float* w, int K,
                                   float* state, float* out, int64_t ld_out, cudaStream_t stream);
 
+// Before causal_conv1d_prefill of the same T tokens (it reads `state` as it was): for each token t with
+// snap[t] >= 0 (a device array of T), the state after it into states + snap[t] * slot_stride.
+cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, int64_t C, int K,
+                                    const float* state, const int* snap, float* states, int64_t slot_stride,
+                                    cudaStream_t stream);
+
 // One token for each of n sequences; row i's state is states + slots[i] * slot_stride.
 cudaError_t causal_conv1d_decode(const float* in, int64_t ld_in, int n, int64_t C, const float* w, int K,
                                  float* states, int64_t slot_stride, const int* slots, float* out,

@@ -306,6 +306,7 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.ids, R);
   i(ws_.pos, R);
   i(ws_.slot, R);
+  i(ws_.snap, R);
   i(ws_.out_ids, ws_decode_rows);
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
   // The tile list, then the expert sort's scratch and the live tile count it writes.
@@ -377,10 +378,10 @@ core::Status CudaBackend::plan_memory() {
     off += b.bytes;
   }
   // Pinned staging: [ids R][pos R][slot R][out ids 256][sort_tok RK][sort_slot RK][moe ids RK] (those three
-  // for the host-sorted MoE path)[output rows 256] (a fused step's rows that reach lm_head).
+  // for the host-sorted MoE path)[output rows 256] (a fused step's rows that reach lm_head)[row snapshots R].
   static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
   DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
-                            static_cast<size_t>(3 * R + kDecodeMaxRows + 3 * RK + kLogitRows) * 4,
+                            static_cast<size_t>(4 * R + kDecodeMaxRows + 3 * RK + kLogitRows) * 4,
                             cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
@@ -803,6 +804,9 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
         DF_CUDA_TRY(causal_conv1d_decode(proj, P, static_cast<int>(m), C, L.conv_w, K, conv_base, conv_slot_,
                                          ws_.slot + r0, ws_.conv + r0 * C, C, stream_));
       } else {
+        if (sg.row_snapshots)
+          DF_CUDA_TRY(causal_conv1d_snapshots(proj, P, m, C, K, conv_base + sg.slot * conv_slot_,
+                                              ws_.snap + r0, conv_base, conv_slot_, stream_));
         DF_CUDA_TRY(causal_conv1d_prefill(proj, P, m, C, L.conv_w, K, conv_base + sg.slot * conv_slot_,
                                           ws_.conv + r0 * C, C, stream_));
       }
@@ -830,7 +834,8 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
     g.slots = ws_.slot + r0;
     g.out = ws_.gdn + r0 * vd;
     g.ld_out = vd;
-    if (!sg.decode && m >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
+    if (sg.row_snapshots) g.snap_slots = ws_.snap + r0;  // (kRowSnapshotRows < kGdnChunkLen: the token scan)
+    if (!sg.decode && !sg.row_snapshots && m >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
       // Fast-mode prefill: the chunked WY form on tensor cores; exact mode and decode keep the fp32 token
       // scan. When out_proj runs on cuBLASLt over this one segment, the gated norm writes its input
       // (x16_holds_) instead of ws_.gdn.
@@ -1001,9 +1006,17 @@ core::Status CudaBackend::check_snapshots(std::span<const StateSnapshot> snaps, 
   return core::Status();
 }
 
-void CudaBackend::append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
-                                          std::span<const StateSnapshot> snaps,
+bool CudaBackend::append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
+                                          std::span<const StateSnapshot> snaps, int* row_snap,
                                           std::vector<RowSegment>& segs) {
+  const auto inside = [&](const StateSnapshot& s) { return s.rows - off >= 1 && s.rows - off <= n; };
+  if (n <= kRowSnapshotRows && std::any_of(snaps.begin(), snaps.end(), inside)) {
+    std::fill_n(row_snap + row0, n, -1);
+    for (const StateSnapshot& snap : snaps)
+      if (inside(snap)) row_snap[row0 + snap.rows - off - 1] = snap.slot;
+    segs.push_back({row0, n, false, slot, -1, true});
+    return true;
+  }
   int64_t r = 0;
   for (const StateSnapshot& snap : snaps) {
     const int64_t at = snap.rows - off;  // rows of this part before the snapshot
@@ -1012,6 +1025,7 @@ void CudaBackend::append_prefill_segments(int64_t row0, int64_t off, int64_t n, 
     r = at;
   }
   if (r < n) segs.push_back({row0 + r, n - r, false, slot, -1});
+  return false;
 }
 
 core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float>& logits) {
@@ -1046,7 +1060,9 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
     DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
                                 stream_));
     segs.clear();
-    append_prefill_segments(0, off, n, s->slot, item.snapshots, segs);
+    if (append_prefill_segments(0, off, n, s->slot, item.snapshots, pinned_snap(), segs))
+      DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
+                                  stream_));
     DF_TRY(run_layers(n, segs));
     if (static_cast<int64_t>(keep_at_.size()) == T)
       DF_TRY(keep_hidden(

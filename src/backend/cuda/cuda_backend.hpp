@@ -70,6 +70,9 @@ struct CudaOptions {
 // (`parts`, their rows in order: members whose formats or scale grids differ).
 // Rows a decode graph bucket holds at most (the largest bucket); steps past it are prefill.
 inline constexpr int kDecodeMaxRows = 256;
+// Prefill parts up to this many rows take their state snapshots from inside the token scan (RowSegment::
+// row_snapshots; under the chunked kernel's kGdnChunkLen, so they always scan); longer ones split at them.
+inline constexpr int64_t kRowSnapshotRows = 16;
 
 struct WeightSource;  // cuda_weights.hpp
 
@@ -221,10 +224,7 @@ class CudaBackend final : public SequenceBackend {
   // Speculative decoding (cuda_mtp.cpp): the MTP head drafts as backend/cpu/mtp_head.cpp does, over the
   // final hidden rows each step keeps (pools allocated with PoolRequest::draft).
   static constexpr int32_t kMaxDraftTokens = 8;
-  // Experimental: only with DELTAFLOW_CUDA_DRAFT=1 in the environment. The GPU tests (cuda_mtp_test.cpp)
-  // still find the head's rows wrong in a decode segment of several sequences, and the engine's tokens with
-  // speculation unequal to those without, in exact mode; until they pass, --speculative-tokens on CUDA is
-  // refused as before.
+  // Paged pools only (not with tensor parallelism).
   bool can_draft() const override;
   size_t draft_page_bytes() const override;
   void keep_rows(std::span<const int32_t> step_rows) override;
@@ -260,12 +260,15 @@ class CudaBackend final : public SequenceBackend {
   KvCache kv_view(int64_t type_index) const;
   // A run of a forward pass's rows: decode rows (one token of each of `rows` sequences, slots in ws_.slot),
   // or consecutive tokens of one sequence's prefill in `slot`, after which its recurrent state is also
-  // copied to `snapshot` (when >= 0) layer by layer, in the same pass.
+  // copied to `snapshot` (when >= 0) layer by layer, in the same pass. With row_snapshots, a short prefill
+  // segment's rows each write the state after them to the slot ws_.snap holds for the row (-1: none), from
+  // inside the token scan (a speculative verification: a snapshot after every row, one segment).
   struct RowSegment {
     int64_t row0 = 0, rows = 0;
     bool decode = false;
     int slot = -1;
     int snapshot = -1;
+    bool row_snapshots = false;
   };
   // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots; `segs` cover
   // rows [0, n) in order. The matmuls take every row at once; the conv, the delta rule and attention run
@@ -280,9 +283,12 @@ class CudaBackend final : public SequenceBackend {
   // hidden rows they pair with in ws_.y; leaves h' (the head's normed output) in ws_.xn.
   core::Status mtp_pass(int64_t n, std::span<const RowSegment> segs);
   // Rows [row0, row0 + n) of a prefill of `slot` whose first row is token `off` of its run, as segments
-  // split after each snapshot's rows (snapshot rows count from the run's first token).
-  static void append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
-                                      std::span<const StateSnapshot> snaps, std::vector<RowSegment>& segs);
+  // split after each snapshot's rows (snapshot rows count from the run's first token); up to
+  // kRowSnapshotRows rows with snapshots as one segment of row snapshots instead, their slots written to
+  // row_snap[row0, row0 + n) (the pass's staging for ws_.snap). True when it did that.
+  static bool append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
+                                      std::span<const StateSnapshot> snaps, int* row_snap,
+                                      std::vector<RowSegment>& segs);
   // What every entry point checks of its input: token ids inside the vocabulary; snapshots inside a run of
   // n rows of `slot` and inside the pool (not the scratch slot).
   core::Status check_ids(std::span<const int32_t> tokens) const;
@@ -423,7 +429,7 @@ class CudaBackend final : public SequenceBackend {
     // The grouped GEMM's tiles (GroupedTile, 3 ints each), then the expert sort's scratch and live tile
     // count.
     int* moe_tiles = nullptr;
-    int *ids = nullptr, *pos = nullptr, *slot = nullptr, *out_ids = nullptr;
+    int *ids = nullptr, *pos = nullptr, *slot = nullptr, *snap = nullptr, *out_ids = nullptr;
     void* x16 = nullptr;
     size_t x16_elems = 0;
     void* gdn_chunk = nullptr;  // the chunked Gated DeltaNet prefill's records (gdn_chunked.cuh)
@@ -458,7 +464,8 @@ class CudaBackend final : public SequenceBackend {
   // Pinned staging: ids, positions and slots of a step (3 x max_rows_ ints), MoE sort order, sampled ids.
   int* pinned_ = nullptr;
   int* pinned_out_rows() const { return pinned_ + 3 * max_rows_ + 256 + 3 * moe_host_rows_; }
-  int64_t moe_host_rows_ = 0;  // RK of the pinned layout
+  int* pinned_snap() const { return pinned_out_rows() + kLogitRows; }  // a pass's ws_.snap staging
+  int64_t moe_host_rows_ = 0;                                          // RK of the pinned layout
   std::vector<int> host_moe_ids_;
 
   std::array<cudaGraphExec_t, 9> graphs_{};  // buckets 1, 2, 4, ..., 256 (up to decode_rows_)

@@ -9,7 +9,6 @@
 // drafting in round k are the first ones: every round stays on the GPU (its argmax is the next round's
 // input ids, its output rows the next round's hidden rows) and the drafts come back in one copy at the end.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_backend.hpp"
@@ -28,11 +27,7 @@ size_t round_up_256(size_t n) {
 }  // namespace
 
 bool CudaBackend::can_draft() const {
-  static const bool on = [] {
-    const char* e = std::getenv("DELTAFLOW_CUDA_DRAFT");
-    return e && std::string(e) == "1";
-  }();
-  return on && mtp_.present && can_page();
+  return mtp_.present && can_page();
 }
 
 size_t CudaBackend::draft_page_bytes() const {

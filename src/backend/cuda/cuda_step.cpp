@@ -67,6 +67,7 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   std::vector<RowSegment> segs;
   std::vector<int32_t> step_row;  // drafting: each pass row's row of the step, where its hidden row is kept
   int64_t n = 0;
+  bool row_snaps = false;
   const auto stage = [&](size_t i, int64_t j) {
     const SeqRun& r = step.runs[i];
     if (draft_) step_row.push_back(static_cast<int32_t>(r.first_row + j));
@@ -85,13 +86,14 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
     const SeqRun& r = step.runs[i];
     if (is_decode_row(r)) continue;
     row_of[i] = n;
-    append_prefill_segments(n, 0, r.n_rows, ss[i]->slot, r.snapshots, segs);
+    row_snaps |= append_prefill_segments(n, 0, r.n_rows, ss[i]->slot, r.snapshots, pinned_snap(), segs);
     for (int64_t j = 0; j < r.n_rows; ++j) stage(i, j);
   }
   const size_t b = static_cast<size_t>(n) * 4;
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
+  if (row_snaps) DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), b, cudaMemcpyHostToDevice, stream_));
   DF_TRY(run_layers(n, segs));
   DF_TRY(keep_hidden(step_row));
 

@@ -118,6 +118,14 @@ __global__ void __launch_bounds__(kMaxThreads) kernel_gated_deltanet(GdnArgs a) 
     }
     float o = (p0 + p1) + (p2 + p3);
     if constexpr (kS == 2) o += __shfl_xor_sync(0xffffffffu, o, 1);
+    if (a.snap_slots && col) {
+      const int to = a.snap_slots[t];
+      if (to >= 0) {
+        float* D = a.states + static_cast<int64_t>(to) * a.slot_stride + static_cast<int64_t>(j) * DK * a.dv;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) D[(d0 + i) * a.dv + e] = st[i];
+      }
+    }
     // Gated RMSNorm over the head's dv outputs (its barriers also retire this token's use of qs/ks).
     const float oo = block_sum(col && part == 0 ? o * o : 0.0f, red);
     if (col && part == 0) {

@@ -32,6 +32,9 @@ struct GdnArgs {
   float* states = nullptr;  // S of sequence i: states + slots[i] * slot_stride, [nv, dk, dv] fp32
   int64_t slot_stride = 0;
   const int* slots = nullptr;
+  // Per token (indexed as the inputs): when >= 0, the state after it is also written to
+  // states + snap_slots[t] * slot_stride (speculative rollback points). gated_deltanet only.
+  const int* snap_slots = nullptr;
   float* out = nullptr;  // [tokens, ld_out]: nv*dv gated-normed outputs
   int64_t ld_out = 0;
   // gated_deltanet_chunked only: when set, the gated-normed outputs go here instead, packed [tokens, nv*dv]
