@@ -320,13 +320,45 @@ TEST_F(CudaOps, CausalConvPrefillAndDecodeEqualCpu) {
         for (int64_t t = 0; t < T; ++t) std::copy_n(in.begin() + t * ld, C, inp.begin() + t * C);
         std::vector<float> ref(static_cast<size_t>(T * C)), ref_state = state;
         cpu::causal_conv1d_silu(inp.data(), T, C, w.data(), K, ref_state.data(), ref.data());
-        DevBuf<float> din(in), dst(state), dout(static_cast<size_t>(T * C));
-        ASSERT_EQ(
-            cu::causal_conv1d_prefill(din.get(), ld, T, C, dw.get(), K, dst.get(), dout.get(), C, nullptr),
-            cudaSuccess);
+        // The sequence's state in slot 1 of a pool of two (the slot index read on the device).
+        std::vector<float> pool2 = randn(rng, static_cast<size_t>(2 * C * S));
+        std::copy(state.begin(), state.end(), pool2.begin() + C * S);
+        const std::vector<int> one = {1};
+        DevBuf<float> din(in), dpool(pool2), dout(static_cast<size_t>(T * C));
+        DevBuf<int> dslot(one);
+        ASSERT_EQ(cu::causal_conv1d_prefill(din.get(), ld, T, C, dw.get(), K, dpool.get(), C * S, dslot.get(),
+                                            dout.get(), C, nullptr),
+                  cudaSuccess);
         EXPECT_LE(rel_err(dout.download(), ref), 2e-5) << "prefill K=" << K << " C=" << C << " T=" << T;
-        EXPECT_LE(rel_err(dst.download(), ref_state), 0.0)
+        const auto got_pool = dpool.download();
+        EXPECT_LE(rel_err(std::vector<float>(got_pool.begin() + C * S, got_pool.end()), ref_state), 0.0)
             << "prefill state K=" << K << " C=" << C << " T=" << T;
+        EXPECT_TRUE(std::equal(got_pool.begin(), got_pool.begin() + C * S, pool2.begin()))
+            << "prefill touched another slot, K=" << K << " C=" << C << " T=" << T;
+        // Snapshots (a verification's rollback points): the state after token t into slot t + 1 of a pool
+        // whose slot 0 is the sequence's, except token 1's (-1: none, its slot stays zero). Exact: the same
+        // copies as the state update's.
+        if (T <= 5) {
+          std::vector<float> pool(static_cast<size_t>((T + 1) * C * S), 0.0f);
+          std::copy(state.begin(), state.end(), pool.begin());
+          std::vector<int> snaps(static_cast<size_t>(T)), zero = {0};
+          for (int64_t t = 0; t < T; ++t)
+            snaps[static_cast<size_t>(t)] = t == 1 ? -1 : static_cast<int>(t + 1);
+          DevBuf<float> dp(pool);
+          DevBuf<int> dz(zero), ds(snaps);
+          ASSERT_EQ(cu::causal_conv1d_snapshots(din.get(), ld, T, C, K, dp.get(), C * S, dz.get(), ds.get(),
+                                                nullptr),
+                    cudaSuccess);
+          const auto got = dp.download();
+          EXPECT_TRUE(std::equal(state.begin(), state.end(), got.begin())) << "snapshots changed the state";
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> st = state, o(static_cast<size_t>((t + 1) * C));
+            if (t == 1) st.assign(st.size(), 0.0f);
+            if (t != 1) cpu::causal_conv1d_silu(inp.data(), t + 1, C, w.data(), K, st.data(), o.data());
+            EXPECT_TRUE(std::equal(st.begin(), st.end(), got.begin() + (t + 1) * C * S))
+                << "snapshot after token " << t << ", K=" << K << " C=" << C << " T=" << T;
+          }
+        }
       }
       // Decode: 3 sequences in slots 2, 0, 1 of a pool of 3, one token each.
       const int n = 3;
@@ -461,6 +493,43 @@ TEST_F(CudaOps, GatedDeltaNetEqualsCpuOutputAndState) {
                         std::vector<float>(static_cast<size_t>(Ssize), 0.0f)),
                 0.0)
           << "another slot was written";
+
+      // Snapshots (a verification's rollback points): the same scan with the state after token t also
+      // written to slot t + 1 of a pool whose slot 0 is the sequence's (token 2: none, its slot stays zero).
+      // Bitwise: the output and final state those of the scan without them, and each snapshot the final
+      // state of a scan over the first t + 1 tokens.
+      if (T == 7) {
+        std::vector<float> sp(static_cast<size_t>((T + 1) * Ssize), 0.0f);
+        std::copy(S0.begin(), S0.end(), sp.begin());
+        std::vector<int> snaps(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) snaps[static_cast<size_t>(t)] = t == 2 ? -1 : static_cast<int>(t + 1);
+        DevBuf<float> dsp(sp), dout3(static_cast<size_t>(T * vd));
+        DevBuf<int> dzero(std::vector<int>{0}), dsnaps(snaps);
+        cu::GdnArgs w = args;
+        w.states = dsp.get();
+        w.slots = dzero.get();
+        w.snap_slots = dsnaps.get();
+        w.out = dout3.get();
+        ASSERT_EQ(cu::gated_deltanet(w, nullptr), cudaSuccess);
+        const auto got = dsp.download();
+        EXPECT_TRUE(dout3.download() == out) << "output with snapshots, dk=" << g.dk;
+        EXPECT_TRUE(std::equal(S_gpu.begin(), S_gpu.end(), got.begin())) << "final state with snapshots";
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<float> want(static_cast<size_t>(Ssize), 0.0f);
+          if (t != 2) {
+            DevBuf<float> dq(S0), dot(static_cast<size_t>((t + 1) * vd));
+            cu::GdnArgs p = args;
+            p.tokens_per_seq = static_cast<int>(t + 1);
+            p.states = dq.get();
+            p.slots = dzero.get();
+            p.out = dot.get();
+            ASSERT_EQ(cu::gated_deltanet(p, nullptr), cudaSuccess);
+            want = dq.download();
+          }
+          EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + (t + 1) * Ssize))
+              << "snapshot after token " << t << ", dk=" << g.dk;
+        }
+      }
 
       // Decode form: the same T tokens as T sequences of one token, each from S0 in its own slot: each must
       // match the first step of the prefill reference.

@@ -11,10 +11,13 @@ constexpr int kThreads = 256;
 // Every (token, channel) output is independent: thread per output, reading the window from the input block
 // or, for the first K-1 positions, from the state (which a second kernel updates afterwards).
 __global__ void kernel_conv1d_prefill_out(const float* __restrict__ in, int64_t ld_in, int64_t T, int64_t C,
-                                          const float* __restrict__ w, int K, const float* __restrict__ state,
-                                          float* __restrict__ out, int64_t ld_out) {
+                                          const float* __restrict__ w, int K,
+                                          const float* __restrict__ states, int64_t slot_stride,
+                                          const int* __restrict__ slot, float* __restrict__ out,
+                                          int64_t ld_out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= T * C) return;
+  const float* state = states + static_cast<int64_t>(*slot) * slot_stride;
   const int64_t t = idx / C, c = idx % C;
   const int S = K - 1;
   float acc = 0.0f;
@@ -35,11 +38,13 @@ constexpr int kConvRun = 16;
 template <int K>
 __global__ void __launch_bounds__(kThreads)
     kernel_conv1d_prefill_out_vec(const float* __restrict__ in, int64_t ld_in, int64_t T, int64_t C,
-                                  const float* __restrict__ w, const float* __restrict__ state,
-                                  float* __restrict__ out, int64_t ld_out) {
+                                  const float* __restrict__ w, const float* __restrict__ states,
+                                  int64_t slot_stride, const int* __restrict__ slot, float* __restrict__ out,
+                                  int64_t ld_out) {
   constexpr int S = K - 1;
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
   if (c >= C) return;
+  const float* state = states + static_cast<int64_t>(*slot) * slot_stride;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kConvRun, t1 = min64(t0 + kConvRun, T);
   float wk[K][4];
 #pragma unroll
@@ -78,9 +83,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // state = the last K-1 inputs of [state, in].
 __global__ void kernel_conv1d_prefill_state(const float* __restrict__ in, int64_t ld_in, int64_t T, int64_t C,
-                                            int K, float* __restrict__ state) {
+                                            int K, float* __restrict__ states, int64_t slot_stride,
+                                            const int* __restrict__ slot) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= C) return;
+  float* state = states + static_cast<int64_t>(*slot) * slot_stride;
   const int S = K - 1;
   float win[kMaxConvKernel];
   for (int j = 0; j < S; ++j) {
@@ -93,12 +100,13 @@ __global__ void kernel_conv1d_prefill_state(const float* __restrict__ in, int64_
 // Block row t: when snap[t] >= 0, the state after token t (the K-1 inputs of [state, in] ending at t) into
 // states + snap[t] * slot_stride. Reads the state as it was before the segment.
 __global__ void kernel_conv1d_snapshots(const float* __restrict__ in, int64_t ld_in, int64_t C, int K,
-                                        const float* __restrict__ state, const int* __restrict__ snap,
-                                        float* __restrict__ states, int64_t slot_stride) {
+                                        float* __restrict__ states, int64_t slot_stride,
+                                        const int* __restrict__ slot, const int* __restrict__ snap) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t t = blockIdx.y;
   const int to = snap[t];
   if (c >= C || to < 0) return;
+  const float* state = states + static_cast<int64_t>(*slot) * slot_stride;
   const int S = K - 1;
   float* dst = states + static_cast<int64_t>(to) * slot_stride + c * S;
   for (int j = 0; j < S; ++j) {
@@ -122,32 +130,36 @@ __global__ void kernel_conv1d_decode(const float* __restrict__ in, int64_t ld_in
 }  // namespace
 
 cudaError_t causal_conv1d_prefill(const float* in, int64_t ld_in, int64_t T, int64_t C, const float* w, int K,
-                                  float* state, float* out, int64_t ld_out, cudaStream_t stream) {
+                                  float* states, int64_t slot_stride, const int* slot, float* out,
+                                  int64_t ld_out, cudaStream_t stream) {
   if (K < 1 || K > kMaxConvKernel) return cudaErrorInvalidValue;
   if (T == 0 || C == 0) return cudaSuccess;
   const bool vec = C % 4 == 0 && ld_in % 4 == 0 && ld_out % 4 == 0 && aligned16(in) && aligned16(out);
   const dim3 vgrid(grid_1d(C / 4, kThreads), static_cast<unsigned>((T + kConvRun - 1) / kConvRun));
   if (vec && K == 4 && vgrid.y <= 65535) {
-    kernel_conv1d_prefill_out_vec<4><<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, state, out, ld_out);
+    kernel_conv1d_prefill_out_vec<4>
+        <<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, states, slot_stride, slot, out, ld_out);
   } else if (vec && K == 2 && vgrid.y <= 65535) {
-    kernel_conv1d_prefill_out_vec<2><<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, state, out, ld_out);
+    kernel_conv1d_prefill_out_vec<2>
+        <<<vgrid, kThreads, 0, stream>>>(in, ld_in, T, C, w, states, slot_stride, slot, out, ld_out);
   } else {
-    kernel_conv1d_prefill_out<<<grid_1d(T * C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, w, K, state,
-                                                                                 out, ld_out);
+    kernel_conv1d_prefill_out<<<grid_1d(T * C, kThreads), kThreads, 0, stream>>>(
+        in, ld_in, T, C, w, K, states, slot_stride, slot, out, ld_out);
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (K == 1) return cudaSuccess;
-  kernel_conv1d_prefill_state<<<grid_1d(C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, K, state);
+  kernel_conv1d_prefill_state<<<grid_1d(C, kThreads), kThreads, 0, stream>>>(in, ld_in, T, C, K, states,
+                                                                             slot_stride, slot);
   return cudaGetLastError();
 }
 
 cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, int64_t C, int K,
-                                    const float* state, const int* snap, float* states, int64_t slot_stride,
+                                    float* states, int64_t slot_stride, const int* slot, const int* snap,
                                     cudaStream_t stream) {
   if (K < 1 || K > kMaxConvKernel || T > 65535) return cudaErrorInvalidValue;
   if (T == 0 || C == 0 || K == 1) return cudaSuccess;
   kernel_conv1d_snapshots<<<dim3(grid_1d(C, kThreads), static_cast<unsigned>(T)), kThreads, 0, stream>>>(
-      in, ld_in, C, K, state, snap, states, slot_stride);
+      in, ld_in, C, K, states, slot_stride, slot, snap);
   return cudaGetLastError();
 }
 

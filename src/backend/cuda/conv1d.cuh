@@ -11,14 +11,16 @@ namespace deltaflow::backend::cuda {
 
 inline constexpr int kMaxConvKernel = 8;
 
-// T tokens of one sequence. in: [T, ld_in] (channels in columns 0..C-1); w: [C, K]; out: [T, ld_out].
+// T tokens of one sequence, whose state is states + slot[0] * slot_stride (slot: on the device, so a captured
+// graph serves any sequence). in: [T, ld_in] (channels in columns 0..C-1); w: [C, K]; out: [T, ld_out].
 cudaError_t causal_conv1d_prefill(const float* in, int64_t ld_in, int64_t T, int64_t C, const float* w, int K,
-                                  float* state, float* out, int64_t ld_out, cudaStream_t stream);
+                                  float* states, int64_t slot_stride, const int* slot, float* out,
+                                  int64_t ld_out, cudaStream_t stream);
 
-// Before causal_conv1d_prefill of the same T tokens (it reads `state` as it was): for each token t with
+// Before causal_conv1d_prefill of the same T tokens (it reads the state as it was): for each token t with
 // snap[t] >= 0 (a device array of T), the state after it into states + snap[t] * slot_stride.
 cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, int64_t C, int K,
-                                    const float* state, const int* snap, float* states, int64_t slot_stride,
+                                    float* states, int64_t slot_stride, const int* slot, const int* snap,
                                     cudaStream_t stream);
 
 // One token for each of n sequences; row i's state is states + slots[i] * slot_stride.

@@ -507,6 +507,31 @@ void CudaBackend::destroy_graphs() {
     if (g) cudaGraphExecDestroy(g);
     g = nullptr;
   }
+  for (auto& g : verify_graphs_) {
+    if (g) cudaGraphExecDestroy(g);
+    g = nullptr;
+  }
+  verify_failed_.fill(false);
+}
+
+cudaGraphExec_t CudaBackend::verify_graph(int T) {
+  const size_t t = static_cast<size_t>(T);
+  if (verify_graphs_[t] || verify_failed_[t]) return verify_graphs_[t];
+  // The staged rows are the caller's (copied from pinned memory when the graph runs, not now).
+  cudaGraph_t g = nullptr;
+  bool ok = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    const bool body = enqueue_verify(T).is_ok();
+    ok = cudaStreamEndCapture(stream_, &g) == cudaSuccess && body;
+  }
+  if (ok) ok = cudaGraphInstantiate(&verify_graphs_[t], g, 0) == cudaSuccess;
+  if (g) cudaGraphDestroy(g);
+  if (!ok) {
+    verify_graphs_[t] = nullptr;
+    verify_failed_[t] = true;
+    cudaGetLastError();  // a failed capture leaves its error behind
+  }
+  return verify_graphs_[t];
 }
 
 core::Status CudaBackend::capture_graphs() {
@@ -804,10 +829,11 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
         DF_CUDA_TRY(causal_conv1d_decode(proj, P, static_cast<int>(m), C, L.conv_w, K, conv_base, conv_slot_,
                                          ws_.slot + r0, ws_.conv + r0 * C, C, stream_));
       } else {
+        // The slot from ws_.slot (the segment's rows all hold it): a verification graph serves any sequence.
         if (sg.row_snapshots)
-          DF_CUDA_TRY(causal_conv1d_snapshots(proj, P, m, C, K, conv_base + sg.slot * conv_slot_,
-                                              ws_.snap + r0, conv_base, conv_slot_, stream_));
-        DF_CUDA_TRY(causal_conv1d_prefill(proj, P, m, C, L.conv_w, K, conv_base + sg.slot * conv_slot_,
+          DF_CUDA_TRY(causal_conv1d_snapshots(proj, P, m, C, K, conv_base, conv_slot_, ws_.slot + r0,
+                                              ws_.snap + r0, stream_));
+        DF_CUDA_TRY(causal_conv1d_prefill(proj, P, m, C, L.conv_w, K, conv_base, conv_slot_, ws_.slot + r0,
                                           ws_.conv + r0 * C, C, stream_));
       }
     }
@@ -1045,6 +1071,31 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
         std::to_string(limit)};
   DF_TRY(check_snapshots(item.snapshots, T, s->slot));
   const int64_t R = max_rows_;
+  // A speculative verification (every row's logits, up to kMaxDraftTokens + 1 rows, its snapshots inside
+  // the one segment) replays the graph for its row count.
+  if (opt_.cuda_graphs && !opt_.collective && item.all_logits && T >= 2 && T <= kMaxDraftTokens + 1 &&
+      T <= std::min<int64_t>(R, kRowSnapshotRows)) {
+    for (int64_t i = 0; i < T; ++i) {
+      pinned_[i] = item.tokens[static_cast<size_t>(i)];
+      pinned_[R + i] = static_cast<int>(s->pos + i);
+      pinned_[2 * R + i] = s->slot;
+    }
+    std::vector<RowSegment> one;
+    append_prefill_segments(0, 0, T, s->slot, item.snapshots, pinned_snap(), one);
+    if (one.size() != 1 || !one[0].row_snapshots) std::fill_n(pinned_snap(), T, -1);  // no snapshots
+    if (cudaGraphExec_t g = verify_graph(static_cast<int>(T))) {
+      DF_CUDA_TRY(cudaGraphLaunch(g, stream_));
+      if (static_cast<int64_t>(keep_at_.size()) == T) DF_TRY(keep_hidden(keep_at_));
+      const size_t at = logits.size();
+      logits.resize(at + static_cast<size_t>(T * V));
+      DF_CUDA_TRY(cudaMemcpyAsync(logits.data() + at, ws_.logits, static_cast<size_t>(T * V) * 4,
+                                  cudaMemcpyDeviceToHost, stream_));
+      DF_CUDA_TRY(cudaStreamSynchronize(stream_));
+      s->pos += T;
+      keep_at_.clear();
+      return core::Status();
+    }
+  }
   std::vector<RowSegment> segs;
   for (int64_t off = 0; off < T; off += R) {
     const int64_t n = std::min(R, T - off);
@@ -1053,16 +1104,8 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
       pinned_[R + i] = static_cast<int>(s->pos + i);
       pinned_[2 * R + i] = s->slot;
     }
-    DF_CUDA_TRY(
-        cudaMemcpyAsync(ws_.ids, pinned_, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(
-        cudaMemcpyAsync(ws_.pos, pinned_ + R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
-                                stream_));
     segs.clear();
-    if (append_prefill_segments(0, off, n, s->slot, item.snapshots, pinned_snap(), segs))
-      DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice,
-                                  stream_));
+    DF_TRY(upload_rows(n, append_prefill_segments(0, off, n, s->slot, item.snapshots, pinned_snap(), segs)));
     DF_TRY(run_layers(n, segs));
     if (static_cast<int64_t>(keep_at_.size()) == T)
       DF_TRY(keep_hidden(
@@ -1091,12 +1134,20 @@ core::Status CudaBackend::prefill(std::span<const PrefillItem> items, std::vecto
   return core::Status();
 }
 
-core::Status CudaBackend::enqueue_decode(int bucket) {
+core::Status CudaBackend::upload_rows(int64_t n, bool snaps) {
   const int64_t R = max_rows_;
-  const size_t b = static_cast<size_t>(bucket) * 4;
+  const size_t b = static_cast<size_t>(n) * 4;
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
+  if (snaps) DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), b, cudaMemcpyHostToDevice, stream_));
+  return core::Status();
+}
+
+core::Status CudaBackend::enqueue_decode(int bucket) {
+  const int64_t R = max_rows_;
+  const size_t b = static_cast<size_t>(bucket) * 4;
+  DF_TRY(upload_rows(bucket, false));
   const RowSegment rows{0, bucket, true, -1, -1};
   DF_TRY(run_layers(bucket, std::span<const RowSegment>(&rows, 1)));
   DF_TRY(lm_head(0, bucket));
@@ -1104,6 +1155,14 @@ core::Status CudaBackend::enqueue_decode(int bucket) {
   DF_CUDA_TRY(argmax_rows(ws_.logits, bucket, config_.vocab_size, ws_.out_ids, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(pinned_ + 3 * R, ws_.out_ids, b, cudaMemcpyDeviceToHost, stream_));
   return core::Status();
+}
+
+core::Status CudaBackend::enqueue_verify(int T) {
+  DF_TRY(upload_rows(T, true));
+  // One prefill segment whose slot the conv and delta rule read from ws_.slot: any sequence replays it.
+  const RowSegment rows{0, T, false, -1, -1, true};
+  DF_TRY(run_layers(T, std::span<const RowSegment>(&rows, 1)));
+  return lm_head(0, T);
 }
 
 core::Status CudaBackend::decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,

@@ -359,8 +359,16 @@ class CudaBackend final : public SequenceBackend {
   // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
   core::Status lm_head(int64_t r0, int64_t rows);
   core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);
+  // Uploads n staged rows (pinned_: ids, positions, slots; with snaps, pinned_snap()'s row snapshots).
+  core::Status upload_rows(int64_t n, bool snaps);
   // Enqueues one decode step of `bucket` rows from the staged ids/positions/slots (graph body).
   core::Status enqueue_decode(int bucket);
+  // A speculative verification: T rows of one sequence from the staged ids/positions/slots and row snapshots
+  // (pinned_snap), one prefill segment, every row's logits into ws_.logits (graph body, captured per T on
+  // first use: verify_graph).
+  core::Status enqueue_verify(int T);
+  // The graph for T rows, captured now if it is not yet; null where capture failed (the eager path runs).
+  cudaGraphExec_t verify_graph(int T);
   core::Status decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                            std::vector<float>* logits, std::vector<int32_t>* ids);
 
@@ -469,8 +477,11 @@ class CudaBackend final : public SequenceBackend {
   std::vector<int> host_moe_ids_;
 
   std::array<cudaGraphExec_t, 9> graphs_{};  // buckets 1, 2, 4, ..., 256 (up to decode_rows_)
-  int decode_rows_ = 32;                     // rows one decode pass (and graph) takes
-  int64_t decode_ws_rows_ = 32;              // decode rows the workspace holds (split-attention partials)
+  // Verification graphs by row count (2 .. kMaxDraftTokens + 1); verify_failed_[T]: its capture failed.
+  std::array<cudaGraphExec_t, kMaxDraftTokens + 2> verify_graphs_{};
+  std::array<bool, kMaxDraftTokens + 2> verify_failed_{};
+  int decode_rows_ = 32;         // rows one decode pass (and graph) takes
+  int64_t decode_ws_rows_ = 32;  // decode rows the workspace holds (split-attention partials)
 
   std::unique_ptr<SamplingBatch> sampling_;  // GPU sampling's staging, made on first use
   // Tensor parallelism (cuda_backend_tp.cpp); inert when opt_.collective is null.

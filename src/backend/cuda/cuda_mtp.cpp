@@ -238,9 +238,7 @@ core::Status CudaBackend::draft_after(std::span<const DraftRun> runs, std::span<
       }
     }
     const size_t b4 = static_cast<size_t>(n) * 4;
-    DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b4, cudaMemcpyHostToDevice, stream_));
-    DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b4, cudaMemcpyHostToDevice, stream_));
+    DF_TRY(upload_rows(n, false));
     DF_CUDA_TRY(cudaMemcpyAsync(index_dev_, index, b4, cudaMemcpyHostToDevice, stream_));
     DF_CUDA_TRY(gather_rows(kept_, H, index_dev_, n, H, ws_.y, H, stream_));
     DF_TRY(mtp_pass(n, segs));

@@ -89,11 +89,7 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
     row_snaps |= append_prefill_segments(n, 0, r.n_rows, ss[i]->slot, r.snapshots, pinned_snap(), segs);
     for (int64_t j = 0; j < r.n_rows; ++j) stage(i, j);
   }
-  const size_t b = static_cast<size_t>(n) * 4;
-  DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
-  DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
-  DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
-  if (row_snaps) DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), b, cudaMemcpyHostToDevice, stream_));
+  DF_TRY(upload_rows(n, row_snaps));
   DF_TRY(run_layers(n, segs));
   DF_TRY(keep_hidden(step_row));
 
