@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -138,6 +139,8 @@ std::vector<int32_t> random_ids(std::mt19937_64& rng, int64_t n, int64_t vocab) 
 struct Loaded {
   std::unique_ptr<backend::Backend> backend;
   Roofline roof;
+  // --profile (synthetic CUDA): GPU seconds by op over the run, graphs off.
+  std::function<std::vector<std::pair<std::string, double>>()> profile;
 };
 
 core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo, uint64_t seed) {
@@ -158,7 +161,13 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
     opt.prefill_chunk = std::max<int64_t>(opt.prefill_chunk, eo.max_num_batched_tokens);
     opt.kv_fp8 = eo.kv_cache_dtype == backend::KvCacheDtype::kFp8;
     opt.mtp = eo.speculative_tokens > 0;  // a random head when the config has one
+    const bool profile = args.has("--profile");
+    opt.cuda_graphs = !profile;  // events inside a graph are not read back
     DF_ASSIGN(auto b, backend::cuda::CudaBackend::synthetic(config, opt, seed));
+    if (profile) {
+      b->profile().enable(true);
+      l.profile = [p = &b->profile()] { return p->totals(); };
+    }
     const auto& c = b->config();
     l.roof.config = c;
     l.roof.counts = model::count_params(c);
@@ -175,6 +184,7 @@ core::Expected<Loaded> load(const Args& args, const engine::SchedulerOptions& eo
   if (synth)
     return core::Error{"--synthetic: this build has no CUDA backend (configure with -DDELTAFLOW_CUDA=ON)"};
 #endif
+  if (args.has("--profile")) return core::Error{"flag --profile: with --synthetic only"};
   DF_ASSIGN(l.backend, open_backend(args, eo));
   return l;
 }
@@ -194,7 +204,7 @@ int cmd_bench_serving(const Argv& argv) {
   const std::string cmd = "bench";
   ArgSpec spec{{"--synthetic", "--model", "--device", "--requests", "--input-len", "--output-len",
                 "--max-concurrency", "--prefix-hit", "--seed", "--tensor-parallel-size", "--accept-rates"},
-               {"--json"},
+               {"--json", "--profile"},
                0};
   add_engine_flags(spec);
   auto args = Args::parse(argv, spec);
@@ -361,6 +371,13 @@ int cmd_bench_serving(const Argv& argv) {
     if (!eo->forced_acceptance.empty()) out["speculative"]["forced_acceptance"] = eo->forced_acceptance;
   }
 
+  std::vector<std::pair<std::string, double>> ops;
+  if (loaded->profile) {
+    ops = loaded->profile();
+    nlohmann::ordered_json per_step;
+    for (const auto& [name, sec] : ops) per_step[name] = 1e3 * sec / static_cast<double>(run_steps.size());
+    out["profile_ms_per_step"] = per_step;
+  }
   if (args->has("--json")) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
@@ -397,6 +414,15 @@ int cmd_bench_serving(const Argv& argv) {
       std::printf(
           "  acceptance forced by --accept-rates (a timing profile: the tokens are not the model's, and "
           "synthetic weights accept nothing by themselves)\n");
+  }
+  if (!ops.empty()) {
+    double total = 0;
+    for (const auto& op : ops) total += op.second;
+    std::printf("  profile: GPU time per step over all %zu steps and their draft calls (graphs off)\n",
+                run_steps.size());
+    for (const auto& [name, sec] : ops)
+      std::printf("      %-22s %8.3f ms  %5.1f%%\n", name.c_str(),
+                  1e3 * sec / static_cast<double>(run_steps.size()), 100 * sec / std::max(total, 1e-12));
   }
   if (*hit > 0)
     std::printf("  prefix hit: %lld-token prefix + 50 new: TTFT %.1f ms (%lld tokens from the cache)\n",

@@ -125,6 +125,7 @@ const std::map<std::string, Help>& table() {
                "whatever the model draws (timing at a fixed acceptance profile; the tokens are not the "
                "model's)"},
               {"--seed S", "prompts (and --synthetic weights) seed (default 1)"},
+              {"--profile", "with --synthetic: GPU time per op over the run, per step (graphs off)"},
               kJson},
              engine_flags())}},
       {"bench --images",
