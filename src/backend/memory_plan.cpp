@@ -451,7 +451,9 @@ size_t workspace_bytes(const model::TextConfig& c, const MemoryPlanOptions& opt,
                                       R,
                                       R,
                                       R,
-                                      D,  // ids, pos, slot, row snapshots, out ids
+                                      R,
+                                      R + 1,
+                                      D,  // ids, pos, slot, row snapshots, short runs' run0 and runs, out ids
                                       moe_tiles};
   Sizer s;
   for (int64_t w : words) s.add(static_cast<size_t>(w) * 4);

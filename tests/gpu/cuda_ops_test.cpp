@@ -360,6 +360,55 @@ TEST_F(CudaOps, CausalConvPrefillAndDecodeEqualCpu) {
           }
         }
       }
+      // Short runs (RowSegment::short_runs): runs of 3, 1 and 4 rows of the sequences in slots 2, 0 and 1 of
+      // a pool of 5, in one call, with snapshots after row 0 of the first run (into slot 4) and row 1 of the
+      // last (slot 3). The same as the CPU over each run alone, output and states (the scalar prefill
+      // kernel's sums), and the snapshots bitwise the CPU's state after those rows.
+      {
+        const std::vector<int> lens = {3, 1, 4}, slot_of = {2, 0, 1};
+        const int64_t n = 8, ld = C + 3;
+        auto in = randn(rng, static_cast<size_t>(n * ld));
+        auto pool = randn(rng, static_cast<size_t>(5 * C * S));
+        std::vector<int> slots, run0, snap(static_cast<size_t>(n), -1);
+        for (int r = 0, at = 0; r < 3; at += lens[static_cast<size_t>(r)], ++r)
+          for (int j = 0; j < lens[static_cast<size_t>(r)]; ++j) {
+            slots.push_back(slot_of[static_cast<size_t>(r)]);
+            run0.push_back(at);
+          }
+        snap[0] = 4;  // after row 0 of the first run
+        snap[6] = 3;  // after row 1 of the last run (rows 4..7)
+        DevBuf<float> din(in), dpool(pool), dout(static_cast<size_t>(n * C));
+        DevBuf<int> dslots(slots), drun0(run0), dsnap(snap);
+        ASSERT_EQ(cu::causal_conv1d_runs(din.get(), ld, n, C, dw.get(), K, dpool.get(), C * S, dslots.get(),
+                                         drun0.get(), dsnap.get(), dout.get(), C, nullptr),
+                  cudaSuccess);
+        const auto out = dout.download(), got = dpool.download();
+        const auto state_of = [&](int slot) {
+          return std::vector<float>(pool.begin() + slot * C * S, pool.begin() + (slot + 1) * C * S);
+        };
+        const auto got_of = [&](int slot) {
+          return std::vector<float>(got.begin() + slot * C * S, got.begin() + (slot + 1) * C * S);
+        };
+        for (int r = 0, at = 0; r < 3; at += lens[static_cast<size_t>(r)], ++r) {
+          const int64_t L = lens[static_cast<size_t>(r)];
+          std::vector<float> x(static_cast<size_t>(L * C)), ref(static_cast<size_t>(L * C));
+          for (int64_t t = 0; t < L; ++t) std::copy_n(in.begin() + (at + t) * ld, C, x.begin() + t * C);
+          auto st = state_of(slot_of[static_cast<size_t>(r)]);
+          const auto st0 = st;
+          cpu::causal_conv1d_silu(x.data(), L, C, w.data(), K, st.data(), ref.data());
+          EXPECT_LE(rel_err(std::vector<float>(out.begin() + at * C, out.begin() + (at + L) * C), ref), 2e-5)
+              << "runs out, run " << r << " K=" << K << " C=" << C;
+          EXPECT_TRUE(got_of(slot_of[static_cast<size_t>(r)]) == st) << "runs state, run " << r;
+          for (int64_t t = 0; t < L; ++t) {
+            const int to = snap[static_cast<size_t>(at + t)];
+            if (to < 0) continue;
+            auto sn = st0;
+            std::vector<float> o(static_cast<size_t>((t + 1) * C));
+            cpu::causal_conv1d_silu(x.data(), t + 1, C, w.data(), K, sn.data(), o.data());
+            EXPECT_TRUE(got_of(to) == sn) << "runs snapshot, run " << r << " row " << t;
+          }
+        }
+      }
       // Decode: 3 sequences in slots 2, 0, 1 of a pool of 3, one token each.
       const int n = 3;
       const std::vector<int> slots = {2, 0, 1};
@@ -528,6 +577,45 @@ TEST_F(CudaOps, GatedDeltaNetEqualsCpuOutputAndState) {
           }
           EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + (t + 1) * Ssize))
               << "snapshot after token " << t << ", dk=" << g.dk;
+        }
+      }
+
+      // Short runs (seq_start): the 7 tokens as runs of 3 and 4 of two sequences (slots 1 and 0, both from
+      // S0), in one launch: bitwise the scans of each run alone.
+      if (T == 7) {
+        std::vector<float> two(static_cast<size_t>(2 * Ssize));
+        std::copy(S0.begin(), S0.end(), two.begin());
+        std::copy(S0.begin(), S0.end(), two.begin() + Ssize);
+        DevBuf<float> dtwo(two), dout4(static_cast<size_t>(T * vd));
+        DevBuf<int> dstart(std::vector<int>{0, 3, 7}), dslots(std::vector<int>{1, 1, 1, 0, 0, 0, 0});
+        cu::GdnArgs w = args;
+        w.n_seqs = 2;
+        w.tokens_per_seq = 1;
+        w.seq_start = dstart.get();
+        w.states = dtwo.get();
+        w.slots = dslots.get();
+        w.out = dout4.get();
+        ASSERT_EQ(cu::gated_deltanet(w, nullptr), cudaSuccess);
+        const auto got = dtwo.download(), o4 = dout4.download();
+        const int64_t starts[2] = {0, 3}, lens[2] = {3, 4}, slot_of[2] = {1, 0};
+        for (int r = 0; r < 2; ++r) {
+          DevBuf<float> dq(S0), dot(static_cast<size_t>(lens[r] * vd));
+          DevBuf<int> dz(std::vector<int>{0});
+          cu::GdnArgs p = args;
+          p.conv = dconv.get() + starts[r] * C;
+          p.z = dproj.get() + starts[r] * P;
+          p.b = p.z + vd;
+          p.a = p.z + vd + g.nv;
+          p.tokens_per_seq = static_cast<int>(lens[r]);
+          p.states = dq.get();
+          p.slots = dz.get();
+          p.out = dot.get();
+          ASSERT_EQ(cu::gated_deltanet(p, nullptr), cudaSuccess);
+          const auto want = dq.download(), wo = dot.download();
+          EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + slot_of[r] * Ssize))
+              << "short runs state, run " << r << ", dk=" << g.dk;
+          EXPECT_TRUE(std::equal(wo.begin(), wo.end(), o4.begin() + starts[r] * vd))
+              << "short runs output, run " << r << ", dk=" << g.dk;
         }
       }
 

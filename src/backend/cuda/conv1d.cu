@@ -115,6 +115,54 @@ __global__ void kernel_conv1d_snapshots(const float* __restrict__ in, int64_t ld
   }
 }
 
+// Short runs (causal_conv1d_runs): thread per (row, channel), the output as kernel_conv1d_prefill_out sums
+// it, and the row's snapshot; both read the states as they were before the rows.
+__global__ void kernel_conv1d_runs_out(const float* __restrict__ in, int64_t ld_in, int64_t n, int64_t C,
+                                       const float* __restrict__ w, int K, float* __restrict__ states,
+                                       int64_t slot_stride, const int* __restrict__ slots,
+                                       const int* __restrict__ run0, const int* __restrict__ snap,
+                                       float* __restrict__ out, int64_t ld_out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= n * C) return;
+  const int64_t r = idx / C, c = idx % C;
+  const int S = K - 1;
+  const int64_t first = run0[r], t = r - first;  // t: the row's index in its run
+  const float* state = states + static_cast<int64_t>(slots[r]) * slot_stride;
+  float acc = 0.0f;
+  for (int j = 0; j < K; ++j) {
+    const int64_t s = t - S + j;  // input position in the run; < 0 reads the state
+    const float x = s >= 0 ? in[(first + s) * ld_in + c] : state[c * S + (S + s)];
+    acc += w[c * K + j] * x;
+  }
+  out[r * ld_out + c] = silu_f(acc);
+  const int to = snap[r];
+  if (to < 0) return;
+  float* dst = states + static_cast<int64_t>(to) * slot_stride + c * S;
+  for (int j = 0; j < S; ++j) {
+    const int64_t p = t + 1 + j;  // index into [state (S), the run's inputs]
+    dst[j] = p < S ? state[c * S + p] : in[(first + p - S) * ld_in + c];
+  }
+}
+
+// Each run's last row (thread per channel of it): the run's state = its last K-1 inputs.
+__global__ void kernel_conv1d_runs_state(const float* __restrict__ in, int64_t ld_in, int64_t n, int64_t C,
+                                         int K, float* __restrict__ states, int64_t slot_stride,
+                                         const int* __restrict__ slots, const int* __restrict__ run0) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= n * C) return;
+  const int64_t r = idx / C, c = idx % C;
+  if (r + 1 < n && run0[r + 1] == run0[r]) return;  // not its run's last row
+  const int S = K - 1;
+  const int64_t first = run0[r], T = r - first + 1;
+  float* state = states + static_cast<int64_t>(slots[r]) * slot_stride;
+  float win[kMaxConvKernel];
+  for (int j = 0; j < S; ++j) {
+    const int64_t p = T + j;
+    win[j] = p < S ? state[c * S + p] : in[(first + p - S) * ld_in + c];
+  }
+  for (int j = 0; j < S; ++j) state[c * S + j] = win[j];
+}
+
 __global__ void kernel_conv1d_decode(const float* __restrict__ in, int64_t ld_in, int n, int64_t C,
                                      const float* __restrict__ w, int K, float* __restrict__ states,
                                      int64_t slot_stride, const int* __restrict__ slots,
@@ -160,6 +208,20 @@ cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, i
   if (T == 0 || C == 0 || K == 1) return cudaSuccess;
   kernel_conv1d_snapshots<<<dim3(grid_1d(C, kThreads), static_cast<unsigned>(T)), kThreads, 0, stream>>>(
       in, ld_in, C, K, states, slot_stride, slot, snap);
+  return cudaGetLastError();
+}
+
+cudaError_t causal_conv1d_runs(const float* in, int64_t ld_in, int64_t n, int64_t C, const float* w, int K,
+                               float* states, int64_t slot_stride, const int* slots, const int* run0,
+                               const int* snap, float* out, int64_t ld_out, cudaStream_t stream) {
+  if (K < 1 || K > kMaxConvKernel) return cudaErrorInvalidValue;
+  if (n == 0 || C == 0) return cudaSuccess;
+  kernel_conv1d_runs_out<<<grid_1d(n * C, kThreads), kThreads, 0, stream>>>(
+      in, ld_in, n, C, w, K, states, slot_stride, slots, run0, snap, out, ld_out);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (K == 1) return cudaSuccess;
+  kernel_conv1d_runs_state<<<grid_1d(n * C, kThreads), kThreads, 0, stream>>>(in, ld_in, n, C, K, states,
+                                                                              slot_stride, slots, run0);
   return cudaGetLastError();
 }
 

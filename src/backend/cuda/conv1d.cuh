@@ -23,6 +23,13 @@ cudaError_t causal_conv1d_snapshots(const float* in, int64_t ld_in, int64_t T, i
                                     float* states, int64_t slot_stride, const int* slot, const int* snap,
                                     cudaStream_t stream);
 
+// Short runs of several sequences, n rows: row r belongs to the run whose first row is run0[r], its state
+// at states + slots[r] * slot_stride; where snap[r] >= 0 the state after row r also goes to that slot (all
+// on the device). Each run's state ends as its last K-1 inputs.
+cudaError_t causal_conv1d_runs(const float* in, int64_t ld_in, int64_t n, int64_t C, const float* w, int K,
+                               float* states, int64_t slot_stride, const int* slots, const int* run0,
+                               const int* snap, float* out, int64_t ld_out, cudaStream_t stream);
+
 // One token for each of n sequences; row i's state is states + slots[i] * slot_stride.
 cudaError_t causal_conv1d_decode(const float* in, int64_t ld_in, int n, int64_t C, const float* w, int K,
                                  float* states, int64_t slot_stride, const int* slots, float* out,

@@ -307,6 +307,8 @@ core::Status CudaBackend::plan_memory() {
   i(ws_.pos, R);
   i(ws_.slot, R);
   i(ws_.snap, R);
+  i(ws_.run0, R);
+  i(ws_.runs, R + 1);
   i(ws_.out_ids, ws_decode_rows);
   moe_tile_room_ = E ? RK / kGroupedTileRows + E + 1 : 0;
   // The tile list, then the expert sort's scratch and the live tile count it writes.
@@ -378,10 +380,11 @@ core::Status CudaBackend::plan_memory() {
     off += b.bytes;
   }
   // Pinned staging: [ids R][pos R][slot R][out ids 256][sort_tok RK][sort_slot RK][moe ids RK] (those three
-  // for the host-sorted MoE path)[output rows 256] (a fused step's rows that reach lm_head)[row snapshots R].
+  // for the host-sorted MoE path)[output rows 256] (a fused step's rows that reach lm_head)[row snapshots R]
+  // [short runs: run0 R][runs R + 1].
   static_assert(sizeof(GroupedTile) == 3 * sizeof(int));
   DF_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&pinned_),
-                            static_cast<size_t>(4 * R + kDecodeMaxRows + 3 * RK + kLogitRows) * 4,
+                            static_cast<size_t>(6 * R + 1 + kDecodeMaxRows + 3 * RK + kLogitRows) * 4,
                             cudaHostAllocDefault));
   DF_CUDA_TRY(cudaStreamSynchronize(stream_));
   return core::Status();
@@ -803,7 +806,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
   const int64_t P = C + vd + 2 * nv;
   const int K = static_cast<int>(c.linear_conv_kernel_dim);
   const bool one_decode = segs.size() == 1 && segs[0].decode;
-  const bool one_prefill = segs.size() == 1 && !segs[0].decode;
+  const bool one_prefill = segs.size() == 1 && !segs[0].decode && !segs[0].short_runs;
   // [q k v | z | b | a] = x @ in_proj^T, then the causal conv1d + SiLU of [q k v]. At decode of up to
   // kGemvSimtRows rows the conv is the GEMV's epilogue (gemv.cuh), one launch; the tensor-core GEMV's lanes
   // write many outputs each, and there the conv's dependent state loads cost more than a launch.
@@ -828,6 +831,9 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
       if (sg.decode) {
         DF_CUDA_TRY(causal_conv1d_decode(proj, P, static_cast<int>(m), C, L.conv_w, K, conv_base, conv_slot_,
                                          ws_.slot + r0, ws_.conv + r0 * C, C, stream_));
+      } else if (sg.short_runs) {
+        DF_CUDA_TRY(causal_conv1d_runs(proj, P, m, C, L.conv_w, K, conv_base, conv_slot_, ws_.slot + r0,
+                                       ws_.run0 + r0, ws_.snap + r0, ws_.conv + r0 * C, C, stream_));
       } else {
         // The slot from ws_.slot (the segment's rows all hold it): a verification graph serves any sequence.
         if (sg.row_snapshots)
@@ -837,7 +843,7 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
                                           ws_.conv + r0 * C, C, stream_));
       }
     }
-    prof_.mark(sg.decode ? "gdn decode" : "gdn prefill", stream_);
+    prof_.mark(sg.decode ? "gdn decode" : sg.short_runs ? "gdn short runs" : "gdn prefill", stream_);
     GdnArgs g;
     g.conv = ws_.conv + r0 * C;
     g.ld_conv = C;
@@ -853,15 +859,16 @@ core::Status CudaBackend::gated_deltanet(const DLayer& L, int64_t n, std::span<c
     g.dk = static_cast<int>(c.linear_key_head_dim);
     g.dv = static_cast<int>(c.linear_value_head_dim);
     g.eps = static_cast<float>(c.rms_norm_eps);
-    g.n_seqs = sg.decode ? static_cast<int>(m) : 1;
-    g.tokens_per_seq = sg.decode ? 1 : static_cast<int>(m);
+    g.n_seqs = sg.decode ? static_cast<int>(m) : sg.short_runs ? sg.runs : 1;
+    g.tokens_per_seq = sg.decode || sg.short_runs ? 1 : static_cast<int>(m);
+    if (sg.short_runs) g.seq_start = ws_.runs + sg.runs_at;
     g.states = gdn_base;
     g.slot_stride = gdn_slot_;
     g.slots = ws_.slot + r0;
     g.out = ws_.gdn + r0 * vd;
     g.ld_out = vd;
     if (sg.row_snapshots) g.snap_slots = ws_.snap + r0;  // (kRowSnapshotRows < kGdnChunkLen: the token scan)
-    if (!sg.decode && !sg.row_snapshots && m >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
+    if (!sg.decode && !sg.row_snapshots && !sg.short_runs && m >= kGdnChunkLen && ws_.gdn_chunk_bytes > 0) {
       // Fast-mode prefill: the chunked WY form on tensor cores; exact mode and decode keep the fp32 token
       // scan. When out_proj runs on cuBLASLt over this one segment, the gated norm writes its input
       // (x16_holds_) instead of ws_.gdn.
@@ -938,12 +945,19 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
   DF_CUDA_TRY(qk_norm_rope_store(qa, stream_));
 
   // Attention per segment; consecutive prefill segments of one sequence together (the snapshots matter only
-  // to the recurrent layers).
+  // to the recurrent layers), and decode rows with the short runs after them, as decode rows, as many as the
+  // split-attention partials hold.
+  const auto decode_like = [](const RowSegment& s) { return s.decode || s.short_runs; };
   for (size_t i = 0; i < segs.size();) {
     const RowSegment& sg = segs[i];
     int64_t m = sg.rows;
     size_t j = i + 1;
-    while (!sg.decode && j < segs.size() && !segs[j].decode && segs[j].slot == sg.slot) m += segs[j++].rows;
+    if (decode_like(sg)) {
+      while (j < segs.size() && decode_like(segs[j]) && m + segs[j].rows <= decode_ws_rows_)
+        m += segs[j++].rows;
+    } else {
+      while (j < segs.size() && !decode_like(segs[j]) && segs[j].slot == sg.slot) m += segs[j++].rows;
+    }
     const int64_t r0 = sg.row0;
     AttnArgs aa;
     aa.q = ws_.q + r0 * nh * hd;
@@ -954,7 +968,7 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
     aa.hd = static_cast<int>(hd);
     aa.tok_pos = ws_.pos + r0;
     aa.tok_slot = ws_.slot + r0;
-    aa.prefill = !sg.decode;
+    aa.prefill = !decode_like(sg);
     aa.max_splits = max_splits_;
     aa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     aa.part_acc = ws_.part_acc;
@@ -967,7 +981,7 @@ core::Status CudaBackend::full_attention(const DLayer& L, int64_t n, std::span<c
     aa.out = ws_.attn + r0 * nh * hd;
     aa.dequant = ws_.kv_dequant;
     aa.dequant_elems = ws_.kv_dequant_elems;
-    prof_.mark(sg.decode ? "attn decode" : "attn prefill", stream_);
+    prof_.mark(decode_like(sg) ? "attn decode" : "attn prefill", stream_);
     DF_CUDA_TRY(attention(aa, stream_));
     i = j;
   }
@@ -1074,12 +1088,15 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
   // A speculative verification (every row's logits, up to kMaxDraftTokens + 1 rows, its snapshots inside
   // the one segment) replays the graph for its row count.
   if (opt_.cuda_graphs && !opt_.collective && item.all_logits && T >= 2 && T <= kMaxDraftTokens + 1 &&
-      T <= std::min<int64_t>(R, kRowSnapshotRows)) {
+      T <= std::min<int64_t>({R, kRowSnapshotRows, decode_ws_rows_})) {
     for (int64_t i = 0; i < T; ++i) {
       pinned_[i] = item.tokens[static_cast<size_t>(i)];
       pinned_[R + i] = static_cast<int>(s->pos + i);
       pinned_[2 * R + i] = s->slot;
+      pinned_run0()[i] = 0;
     }
+    pinned_runs()[0] = 0;
+    pinned_runs()[1] = static_cast<int>(T);
     std::vector<RowSegment> one;
     append_prefill_segments(0, 0, T, s->slot, item.snapshots, pinned_snap(), one);
     if (one.size() != 1 || !one[0].row_snapshots) std::fill_n(pinned_snap(), T, -1);  // no snapshots
@@ -1134,13 +1151,18 @@ core::Status CudaBackend::prefill(std::span<const PrefillItem> items, std::vecto
   return core::Status();
 }
 
-core::Status CudaBackend::upload_rows(int64_t n, bool snaps) {
+core::Status CudaBackend::upload_rows(int64_t n, bool snaps, int64_t n_runs) {
   const int64_t R = max_rows_;
   const size_t b = static_cast<size_t>(n) * 4;
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.ids, pinned_, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.pos, pinned_ + R, b, cudaMemcpyHostToDevice, stream_));
   DF_CUDA_TRY(cudaMemcpyAsync(ws_.slot, pinned_ + 2 * R, b, cudaMemcpyHostToDevice, stream_));
   if (snaps) DF_CUDA_TRY(cudaMemcpyAsync(ws_.snap, pinned_snap(), b, cudaMemcpyHostToDevice, stream_));
+  if (n_runs > 0) {
+    DF_CUDA_TRY(cudaMemcpyAsync(ws_.run0, pinned_run0(), b, cudaMemcpyHostToDevice, stream_));
+    DF_CUDA_TRY(cudaMemcpyAsync(ws_.runs, pinned_runs(), static_cast<size_t>(n_runs + 1) * 4,
+                                cudaMemcpyHostToDevice, stream_));
+  }
   return core::Status();
 }
 
@@ -1158,9 +1180,9 @@ core::Status CudaBackend::enqueue_decode(int bucket) {
 }
 
 core::Status CudaBackend::enqueue_verify(int T) {
-  DF_TRY(upload_rows(T, true));
-  // One prefill segment whose slot the conv and delta rule read from ws_.slot: any sequence replays it.
-  const RowSegment rows{0, T, false, -1, -1, true};
+  DF_TRY(upload_rows(T, true, 1));
+  // One short run (its slot read from ws_.slot: any sequence replays it).
+  const RowSegment rows{0, T, false, -1, -1, true, true, 1, 0};
   DF_TRY(run_layers(T, std::span<const RowSegment>(&rows, 1)));
   return lm_head(0, T);
 }

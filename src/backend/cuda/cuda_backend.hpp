@@ -262,13 +262,19 @@ class CudaBackend final : public SequenceBackend {
   // or consecutive tokens of one sequence's prefill in `slot`, after which its recurrent state is also
   // copied to `snapshot` (when >= 0) layer by layer, in the same pass. With row_snapshots, a short prefill
   // segment's rows each write the state after them to the slot ws_.snap holds for the row (-1: none), from
-  // inside the token scan (a speculative verification: a snapshot after every row, one segment).
+  // inside the token scan (a speculative verification: a snapshot after every row, one segment). With
+  // short_runs, the rows are several sequences' short runs (`runs` of them; ws_.runs from runs_at lists their
+  // first rows, ws_.run0 each row's run's first row, both from row0; slots per row in ws_.slot): one launch
+  // each of the conv and the token scan for all of them, and attention as decode rows (each row sees its own
+  // sequence's keys up to its position, all stored first).
   struct RowSegment {
     int64_t row0 = 0, rows = 0;
     bool decode = false;
     int slot = -1;
     int snapshot = -1;
     bool row_snapshots = false;
+    bool short_runs = false;
+    int runs = 0, runs_at = 0;
   };
   // Runs n tokens through the layers; ws_.ids/pos/slot hold their ids, positions and slots; `segs` cover
   // rows [0, n) in order. The matmuls take every row at once; the conv, the delta rule and attention run
@@ -359,13 +365,14 @@ class CudaBackend final : public SequenceBackend {
   // lm_head on xn rows [r0, r0 + rows) into ws_.logits (rows <= kLogitRows).
   core::Status lm_head(int64_t r0, int64_t rows);
   core::Status prefill_one(const PrefillItem& item, std::vector<float>& logits);
-  // Uploads n staged rows (pinned_: ids, positions, slots; with snaps, pinned_snap()'s row snapshots).
-  core::Status upload_rows(int64_t n, bool snaps);
+  // Uploads n staged rows (pinned_: ids, positions, slots; with snaps, pinned_snap()'s row snapshots; with
+  // n_runs, the short runs' row lists pinned_run0() and pinned_runs()).
+  core::Status upload_rows(int64_t n, bool snaps, int64_t n_runs = 0);
   // Enqueues one decode step of `bucket` rows from the staged ids/positions/slots (graph body).
   core::Status enqueue_decode(int bucket);
   // A speculative verification: T rows of one sequence from the staged ids/positions/slots and row snapshots
-  // (pinned_snap), one prefill segment, every row's logits into ws_.logits (graph body, captured per T on
-  // first use: verify_graph).
+  // (pinned_snap), one short run (RowSegment::short_runs; pinned_run0 / pinned_runs staged), every row's
+  // logits into ws_.logits (graph body, captured per T on first use: verify_graph).
   core::Status enqueue_verify(int T);
   // The graph for T rows, captured now if it is not yet; null where capture failed (the eager path runs).
   cudaGraphExec_t verify_graph(int T);
@@ -438,6 +445,7 @@ class CudaBackend final : public SequenceBackend {
     // count.
     int* moe_tiles = nullptr;
     int *ids = nullptr, *pos = nullptr, *slot = nullptr, *snap = nullptr, *out_ids = nullptr;
+    int *run0 = nullptr, *runs = nullptr;  // RowSegment::short_runs: [R] and [R + 1]
     void* x16 = nullptr;
     size_t x16_elems = 0;
     void* gdn_chunk = nullptr;  // the chunked Gated DeltaNet prefill's records (gdn_chunked.cuh)
@@ -473,6 +481,8 @@ class CudaBackend final : public SequenceBackend {
   int* pinned_ = nullptr;
   int* pinned_out_rows() const { return pinned_ + 3 * max_rows_ + 256 + 3 * moe_host_rows_; }
   int* pinned_snap() const { return pinned_out_rows() + kLogitRows; }  // a pass's ws_.snap staging
+  int* pinned_run0() const { return pinned_snap() + max_rows_; }       // ws_.run0's
+  int* pinned_runs() const { return pinned_run0() + max_rows_; }       // ws_.runs' (max_rows_ + 1)
   int64_t moe_host_rows_ = 0;                                          // RK of the pinned layout
   std::vector<int> host_moe_ids_;
 

@@ -62,8 +62,11 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   }
   DF_TRY(check_ids(step.tokens));
 
-  // Rows: decode rows first (one segment), then each prefill run. row_of[i]: run i's first row in the pass.
+  // Rows: decode rows first (one segment), then the short runs (verifications, short continuations: one
+  // segment of several sequences, RowSegment::short_runs, as many as fit the decode rows' attention
+  // partials beside them), then each other prefill run. row_of[i]: run i's first row in the pass.
   std::vector<int64_t> row_of(step.runs.size());
+  std::vector<bool> in_short(step.runs.size(), false);
   std::vector<RowSegment> segs;
   std::vector<int32_t> step_row;  // drafting: each pass row's row of the step, where its hidden row is kept
   int64_t n = 0;
@@ -82,14 +85,34 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
       stage(i, 0);
     }
   if (n > 0) segs.push_back({0, n, true, -1, -1});
+  const int64_t short0 = n;
+  int n_short = 0;
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const SeqRun& r = step.runs[i];
-    if (is_decode_row(r)) continue;
+    if (is_decode_row(r) || r.n_rows > kRowSnapshotRows || n + r.n_rows > decode_ws_rows_) continue;
+    in_short[i] = true;
+    row_of[i] = n;
+    pinned_runs()[n_short++] = static_cast<int>(n - short0);
+    std::fill_n(pinned_snap() + n, r.n_rows, -1);
+    for (const StateSnapshot& snap : r.snapshots) pinned_snap()[n + snap.rows - 1] = snap.slot;
+    for (int64_t j = 0; j < r.n_rows; ++j) {
+      pinned_run0()[n] = static_cast<int>(row_of[i] - short0);
+      stage(i, j);
+    }
+  }
+  if (n_short > 0) {
+    pinned_runs()[n_short] = static_cast<int>(n - short0);
+    segs.push_back({short0, n - short0, false, -1, -1, true, true, n_short, 0});
+    row_snaps = true;
+  }
+  for (size_t i = 0; i < step.runs.size(); ++i) {
+    const SeqRun& r = step.runs[i];
+    if (is_decode_row(r) || in_short[i]) continue;
     row_of[i] = n;
     row_snaps |= append_prefill_segments(n, 0, r.n_rows, ss[i]->slot, r.snapshots, pinned_snap(), segs);
     for (int64_t j = 0; j < r.n_rows; ++j) stage(i, j);
   }
-  DF_TRY(upload_rows(n, row_snaps));
+  DF_TRY(upload_rows(n, row_snaps, n_short));
   DF_TRY(run_layers(n, segs));
   DF_TRY(keep_hidden(step_row));
 

@@ -57,8 +57,10 @@ __global__ void __launch_bounds__(kMaxThreads) kernel_gated_deltanet(GdnArgs a) 
   const int e = tid / kS, part = tid % kS, d0 = part * kRows;
   const int kh = j / (a.nv / a.nk);
   const bool col = e < a.dv;
-  float* S =
-      a.states + static_cast<int64_t>(a.slots[seq]) * a.slot_stride + static_cast<int64_t>(j) * DK * a.dv;
+  int64_t t = a.seq_start ? a.seq_start[seq] : static_cast<int64_t>(seq) * a.tokens_per_seq;
+  const int64_t t_end = a.seq_start ? a.seq_start[seq + 1] : t + a.tokens_per_seq;
+  const int slot = a.seq_start ? a.slots[t] : a.slots[seq];
+  float* S = a.states + static_cast<int64_t>(slot) * a.slot_stride + static_cast<int64_t>(j) * DK * a.dv;
 
   float st[kRows];
 #pragma unroll
@@ -69,8 +71,6 @@ __global__ void __launch_bounds__(kMaxThreads) kernel_gated_deltanet(GdnArgs a) 
   const float nw = col ? a.norm_w[e] : 0.0f;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(DK));
 
-  int64_t t = static_cast<int64_t>(seq) * a.tokens_per_seq;
-  const int64_t t_end = t + a.tokens_per_seq;
   TokenIn cur = load_token<DK>(a, t, j, kh, e, col);
   for (; t < t_end; ++t) {
     TokenIn next{0, 0, 0, 0, 0, 0};

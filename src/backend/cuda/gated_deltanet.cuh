@@ -27,8 +27,11 @@ struct GdnArgs {
   int nk = 0, nv = 0, dk = 0, dv = 0;
   float eps = 1e-6f;  // the gated norm's (rms_norm_eps); the L2 norm's is FLA's 1e-6
   // Sequence i owns tokens [i * tokens_per_seq, (i + 1) * tokens_per_seq): one sequence of T tokens (prefill)
-  // or n sequences of one token (decode).
+  // or n sequences of one token (decode). With seq_start (on the device, n_seqs + 1 ascending entries,
+  // gated_deltanet only): tokens [seq_start[i], seq_start[i + 1]), and slots is per token (the sequence's
+  // at its first token).
   int n_seqs = 0, tokens_per_seq = 0;
+  const int* seq_start = nullptr;
   float* states = nullptr;  // S of sequence i: states + slots[i] * slot_stride, [nv, dk, dv] fp32
   int64_t slot_stride = 0;
   const int* slots = nullptr;

@@ -557,7 +557,8 @@ cudaError_t gated_deltanet_chunked(const GdnArgs& a, void* workspace, size_t wor
       a.ld_out % 2 != 0 || reinterpret_cast<uintptr_t>(a.out) % 8 != 0 ||
       reinterpret_cast<uintptr_t>(a.states) % 8 != 0 || a.slot_stride % 2 != 0)
     return cudaErrorInvalidValue;
-  if ((a.out16 && a.out16_type != core::DType::kBF16 && a.out16_type != core::DType::kF16) || a.snap_slots)
+  if ((a.out16 && a.out16_type != core::DType::kBF16 && a.out16_type != core::DType::kF16) || a.snap_slots ||
+      a.seq_start)
     return cudaErrorInvalidValue;
   if (workspace == nullptr ||
       workspace_bytes < gdn_chunked_workspace_bytes(a.n_seqs, a.tokens_per_seq, a.nv, a.dk, a.dv))
