@@ -1180,9 +1180,11 @@ core::Status CudaBackend::enqueue_decode(int bucket) {
 }
 
 core::Status CudaBackend::enqueue_verify(int T) {
-  DF_TRY(upload_rows(T, true, 1));
-  // One short run (its slot read from ws_.slot: any sequence replays it).
-  const RowSegment rows{0, T, false, -1, -1, true, true, 1, 0};
+  DF_TRY(upload_rows(T, true, short_runs_ ? 1 : 0));
+  // One short run, or one prefill segment with row snapshots (its slot read from ws_.slot either way: any
+  // sequence replays it).
+  const RowSegment rows =
+      short_runs_ ? RowSegment{0, T, false, -1, -1, true, true, 1, 0} : RowSegment{0, T, false, -1, -1, true};
   DF_TRY(run_layers(T, std::span<const RowSegment>(&rows, 1)));
   return lm_head(0, T);
 }

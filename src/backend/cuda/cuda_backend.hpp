@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -400,6 +401,13 @@ class CudaBackend final : public SequenceBackend {
   // positions, table rows and ids by round [3][kMaxDraftTokens][draft_seqs_], index lists [index_room_]; and
   // their pinned host side.
   bool draft_ = false;
+  // RowSegment::short_runs in fused steps and the verification graph: only with DELTAFLOW_CUDA_SHORT_RUNS=1
+  // until its GPU tests have run (written 2026-12-07, no device time left); otherwise a verification is a
+  // prefill segment with row snapshots, as tested.
+  const bool short_runs_ = [] {
+    const char* e = std::getenv("DELTAFLOW_CUDA_SHORT_RUNS");
+    return e && e[0] == '1' && e[1] == '\0';
+  }();
   void* draft_mem_ = nullptr;
   float* kept_ = nullptr;
   float* fc_in_ = nullptr;

@@ -89,7 +89,8 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
   int n_short = 0;
   for (size_t i = 0; i < step.runs.size(); ++i) {
     const SeqRun& r = step.runs[i];
-    if (is_decode_row(r) || r.n_rows > kRowSnapshotRows || n + r.n_rows > decode_ws_rows_) continue;
+    if (!short_runs_ || is_decode_row(r) || r.n_rows > kRowSnapshotRows || n + r.n_rows > decode_ws_rows_)
+      continue;
     in_short[i] = true;
     row_of[i] = n;
     pinned_runs()[n_short++] = static_cast<int>(n - short0);
