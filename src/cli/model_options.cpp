@@ -48,13 +48,8 @@ core::Expected<std::unique_ptr<backend::Backend>> open_backend(const Args& args,
                                                                const engine::SchedulerOptions& engine) {
   DF_ASSIGN(engine::Device d, parse_device(args));
   DF_ASSIGN(int tp, parse_tensor_parallel(args, d));
-  engine::LoadLimits limits;
-  limits.max_sequences = engine.max_num_seqs;
-  limits.max_context = engine.max_model_len;
-  limits.max_step_tokens = engine.max_num_batched_tokens;
-  limits.kv_cache_dtype = engine.kv_cache_dtype;
+  engine::LoadLimits limits = engine::load_limits(engine);
   limits.emulate_activation_quant = args.has("--emulate-activation-quant");  // eval's flag
-  limits.mtp = engine.speculative_tokens > 0;
   return engine::load_backend(dir, d, tp, limits);
 }
 

@@ -12,6 +12,16 @@
 
 namespace deltaflow::engine {
 
+LoadLimits load_limits(const SchedulerOptions& engine) {
+  LoadLimits limits;
+  limits.max_sequences = engine.max_num_seqs;
+  limits.max_context = engine.max_model_len;
+  limits.max_step_tokens = engine.max_num_batched_tokens;
+  limits.kv_cache_dtype = engine.kv_cache_dtype;
+  limits.mtp = engine.speculative_tokens > 0;
+  return limits;
+}
+
 core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,
                                                                int tensor_parallel,
                                                                const LoadLimits& limits) {

@@ -29,6 +29,10 @@ struct LoadLimits {
   bool mtp = false;
 };
 
+// What the engine's options ask of the backend it runs on: its sequences, length, step rows, KV dtype and
+// whether it drafts (serve and the CLI commands open their backends with this).
+LoadLimits load_limits(const SchedulerOptions& engine);
+
 // Loads DIR on the requested device (auto: CUDA when built with it and a GPU is present, else CPU).
 // tensor_parallel > 1: over that many GPUs (backend/cuda/tp_backend.hpp); needs CUDA.
 core::Expected<std::unique_ptr<backend::Backend>> load_backend(const std::string& dir, Device device,

@@ -50,12 +50,8 @@ core::Expected<std::unique_ptr<ServedModel>> ServedModel::load(const ModelLoadOp
   m->name_ = o.served_name.empty() ? dir.filename().string() : o.served_name;
   if (m->name_.empty()) m->name_ = "model";
 
-  engine::LoadLimits limits;
-  limits.max_sequences = o.engine.max_num_seqs;
-  limits.max_context = o.engine.max_model_len;
-  limits.kv_cache_dtype = o.engine.kv_cache_dtype;
-  limits.mtp = o.engine.speculative_tokens > 0;
-  DF_ASSIGN(m->backend_, engine::load_backend(o.model_dir, o.device, o.tensor_parallel, limits));
+  DF_ASSIGN(m->backend_,
+            engine::load_backend(o.model_dir, o.device, o.tensor_parallel, engine::load_limits(o.engine)));
   if (!m->backend_->vision()) {
     m->vision_error_ = m->backend_->vision_error();
   } else if (auto pc = vision::load_processor_config(o.model_dir); !pc) {
