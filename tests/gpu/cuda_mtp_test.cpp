@@ -180,6 +180,12 @@ TEST_P(CudaSpeculation, TokensEqualDecodingWithoutIt) {
   ASSERT_TRUE(model::write_tiny_checkpoint(GetParam().preset, 1, dir).is_ok());
   auto stepper = load_cuda(dir, GetParam().exact);
   ASSERT_TRUE(stepper);
+  // The same backend with the short-runs segments (DELTAFLOW_CUDA_SHORT_RUNS=1, read at load): its batched
+  // verifications must give the same tokens too.
+  ::setenv("DELTAFLOW_CUDA_SHORT_RUNS", "1", 1);
+  auto short_runs = load_cuda(dir, GetParam().exact);
+  ::unsetenv("DELTAFLOW_CUDA_SHORT_RUNS");
+  ASSERT_TRUE(short_runs);
   std::filesystem::remove_all(dir);
   const int64_t V = stepper->config().vocab_size;
   std::vector<engine::Job> jobs;
@@ -194,19 +200,19 @@ TEST_P(CudaSpeculation, TokensEqualDecodingWithoutIt) {
     j.speculative = spec[i];
     jobs.push_back(j);
   }
-  auto run = [&](int32_t k) {
+  auto run = [&](int32_t k, backend::Backend* b = nullptr) {
     engine::SchedulerOptions o{.max_num_seqs = 8, .max_num_batched_tokens = 256, .prefix_cache = false};
     o.max_model_len = 1024;
     o.speculative_tokens = k;
-    auto s = engine::Scheduler::start(*stepper, o);
+    auto s = engine::Scheduler::start(b ? *b : *stepper, o);
     EXPECT_TRUE(s.is_ok()) << s.message();
     auto out = engine::run_jobs(**s, jobs);
     engine::expect_idle(**s);
     return out;
   };
   const auto ref = run(0);
-  for (int32_t k : {1, 4}) {
-    const auto got = run(k);
+  for (int32_t k : {1, 4, -4}) {  // -4: K = 4 on the short-runs backend
+    const auto got = k > 0 ? run(k) : run(-k, short_runs.get());
     int64_t drafted = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
       ASSERT_TRUE(got[i].error.empty()) << got[i].error;
