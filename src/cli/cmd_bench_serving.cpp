@@ -369,6 +369,7 @@ int cmd_bench_serving(const Argv& argv) {
         {"verify_step_ms_p50", percentile(verify_ms, 0.5)},
         {"draft_ms_p50", percentile(draft_ms, 0.5)}};
     if (!eo->forced_acceptance.empty()) out["speculative"]["forced_acceptance"] = eo->forced_acceptance;
+    out["speculative"]["turned_off"] = st.speculation_off;
   }
 
   std::vector<std::pair<std::string, double>> ops;
@@ -414,6 +415,9 @@ int cmd_bench_serving(const Argv& argv) {
       std::printf(
           "  acceptance forced by --accept-rates (a timing profile: the tokens are not the model's, and "
           "synthetic weights accept nothing by themselves)\n");
+    if (st.speculation_off)
+      std::printf("  speculation turned itself off: %.3f ms per token with drafts, %.3f ms without\n",
+                  1e3 * st.speculative_cost_per_token, 1e3 * st.plain_cost_per_token);
   }
   if (!ops.empty()) {
     double total = 0;

@@ -189,6 +189,9 @@ void Scheduler::publish_stats() {
   s.steps = steps_;
   s.drafted_at = drafted_at_;
   s.accepted_at = accepted_at_;
+  s.speculation_off = spec_off_;
+  s.speculative_cost_per_token = spec_tokens_ > 0 ? spec_cost_ / spec_tokens_ : 0;
+  s.plain_cost_per_token = plain_tokens_ > 0 ? plain_cost_ / plain_tokens_ : 0;
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = s;
 }
@@ -753,7 +756,7 @@ bool Scheduler::step_once() {
   const core::Status status = backend_.step(st, out);
   ++steps_;
   StepInfo info;
-  if (opt_.on_step) {
+  {
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     info.seqs = static_cast<int64_t>(runs.size());
     for (size_t i = 0; i < runs.size(); ++i) {
@@ -780,6 +783,8 @@ bool Scheduler::step_once() {
   }
 
   // The draws, in batch order; logits rows are in run order.
+  int64_t generated_before = 0;
+  for (const Sequence* s : batch) generated_before += s->generated;
   const size_t V = static_cast<size_t>(backend_.config().vocab_size);
   size_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -827,10 +832,13 @@ bool Scheduler::step_once() {
     }
     emit(s, out.sampled[i], last_row);
   }
-  if (opt_.speculative_tokens > 0) {
+  if (opt_.speculative_tokens > 0 && !spec_off_) {
     const auto t1 = std::chrono::steady_clock::now();
     draft(batch, runs);
     info.draft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    int64_t emitted = 0;
+    for (const Sequence* s : batch) emitted += s->generated;
+    weigh_speculation(info, emitted - generated_before);
   }
   if (opt_.on_step) opt_.on_step(info);
   std::erase_if(running_, [](const auto& s) { return s->done; });
@@ -920,6 +928,31 @@ int32_t Scheduler::draft_count(const Sequence& s) const {
   return static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(k, room)));
 }
 
+void Scheduler::weigh_speculation(const StepInfo& info, int64_t emitted) {
+  if (!opt_.speculation_auto_off || !opt_.forced_acceptance.empty()) return;
+  if (info.prefill_rows > 0 || info.decode_rows == 0 || emitted <= 0) return;  // decode steps only
+  const double cost = opt_.step_cost ? opt_.step_cost(info) : info.seconds + info.draft_seconds;
+  constexpr double kDecay = 0.95;
+  if (info.draft_rows > 0) {
+    spec_cost_ = kDecay * spec_cost_ + cost;
+    spec_tokens_ = kDecay * spec_tokens_ + static_cast<double>(emitted);
+    ++spec_samples_;
+    ++since_plain_;
+  } else {
+    plain_cost_ = kDecay * plain_cost_ + cost;
+    plain_tokens_ = kDecay * plain_tokens_ + static_cast<double>(emitted);
+    ++plain_samples_;
+    since_plain_ = 0;
+  }
+  // A plain step now and then, and two early on, to measure what speculation is weighed against.
+  if (since_plain_ >= kSpeculationProbeSteps ||
+      (plain_samples_ < 2 && spec_samples_ >= kSpeculationMinSamples / 2 && since_plain_ > 0))
+    probe_plain_ = true;
+  if (spec_samples_ >= kSpeculationMinSamples && plain_samples_ >= 2 &&
+      spec_cost_ / spec_tokens_ > plain_cost_ / plain_tokens_)
+    spec_off_ = true;  // for good: the head no longer runs, so its cache would fall behind
+}
+
 // After the step's draws: the MTP head over every run's kept rows, which keeps its KV in step with each
 // sequence (prompt chunks included), and drafts for the sequences whose next step is a decode.
 void Scheduler::draft(std::span<Sequence* const> batch, std::span<const backend::SeqRun> runs) {
@@ -935,13 +968,14 @@ void Scheduler::draft(std::span<Sequence* const> batch, std::span<const backend:
     d.start_pos = run.start_pos;
     d.next_token = s.tokens[static_cast<size_t>(s.computed)];
     const bool decoding = static_cast<int64_t>(s.tokens.size()) - s.computed == 1;
-    d.n_draft = decoding ? draft_count(s) : 0;
+    d.n_draft = decoding && !probe_plain_ ? draft_count(s) : 0;
     if (d.n_draft > 0 && !reserve_pages(s, s.computed + 1 + d.n_draft)) d.n_draft = 0;
     if (decoding) s.plain_steps = d.n_draft > 0 ? 0 : s.plain_steps + 1;
     d.kv_pages = s.pages;
     drs.push_back(d);
     who.push_back(&s);
   }
+  probe_plain_ = false;
   if (drs.empty()) return;
   backend::DraftOut out;
   if (!backend_.draft(drs, out)) return;  // no drafts this time: the next steps decode plainly

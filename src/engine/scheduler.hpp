@@ -62,11 +62,22 @@ struct SchedulerOptions {
   // draft steps can be timed at a fixed profile on weights that accept nothing by themselves. The tokens are
   // then not the model's. Empty: the model's own acceptance.
   std::vector<double> forced_acceptance = {};
+  // Speculation turns itself off for good when it does not pay: when the decode steps that verify drafts,
+  // their draft calls included, cost more per emitted token than the plain decode steps (one in
+  // kSpeculationProbeSteps decode steps is made plain to measure them), over kSpeculationMinSamples
+  // verification steps or more (a model too small for it on a GPU, where every step is launch-bound). Not
+  // with forced_acceptance, whose profile is meant to be timed.
+  bool speculation_auto_off = true;
+  // A step's cost for that comparison; null: its measured seconds, the draft call's included (tests give a
+  // cost model of their own).
+  std::function<double(const StepInfo&)> step_cost = nullptr;
   // The KV cache's storage, a backend load option (LoadLimits) carried here with the engine's flags.
   backend::KvCacheDtype kv_cache_dtype = backend::KvCacheDtype::kAuto;
 };
 
 inline constexpr int32_t kMaxSpeculativeTokens = 8;
+inline constexpr int64_t kSpeculationProbeSteps = 64;
+inline constexpr int64_t kSpeculationMinSamples = 16;
 
 // What the engine holds now (for /metrics).
 struct SchedulerStats {
@@ -82,6 +93,10 @@ struct SchedulerStats {
   // Speculative decoding, since start: drafts verified and accepted at each draft position (index 0: the
   // first drafted token of a step).
   std::vector<int64_t> drafted_at, accepted_at;
+  // SchedulerOptions::speculation_auto_off: whether it turned speculation off, and the costs per emitted
+  // token (decayed means, the step_cost's unit) it compared.
+  bool speculation_off = false;
+  double speculative_cost_per_token = 0, plain_cost_per_token = 0;
 };
 
 enum class SubmitResult { kQueued, kQueueFull, kStopped };
@@ -142,6 +157,8 @@ class Scheduler {
   void verify(Sequence& s, const float* rows);
   void draft(std::span<Sequence* const> batch, std::span<const backend::SeqRun> runs);
   int32_t draft_count(const Sequence& s) const;
+  // SchedulerOptions::speculation_auto_off: one decode step's cost and the tokens it emitted.
+  void weigh_speculation(const StepInfo& info, int64_t emitted);
   std::optional<int32_t> take_slot(const Checkpoint* keep);
   void publish_stats();
   std::string check_request(const GenerationRequest& r) const;
@@ -162,8 +179,13 @@ class Scheduler {
   uint64_t next_order_ = 0;
   std::vector<float> work_;              // host sampling scratch
   std::mt19937_64 forced_rng_{0x5eedu};  // SchedulerOptions::forced_acceptance's draws
-  int64_t encoding_ = 0;                 // sequences handed to the encoder thread and not yet back
-  std::thread encoder_;                  // started and joined by the engine thread
+  // speculation_auto_off: decayed cost and tokens of verification and plain decode steps, their counts, the
+  // decode steps since the last plain one, whether the next draft call drafts nothing (a probe), and off.
+  double spec_cost_ = 0, spec_tokens_ = 0, plain_cost_ = 0, plain_tokens_ = 0;
+  int64_t spec_samples_ = 0, plain_samples_ = 0, since_plain_ = 0;
+  bool probe_plain_ = false, spec_off_ = false;
+  int64_t encoding_ = 0;  // sequences handed to the encoder thread and not yet back
+  std::thread encoder_;   // started and joined by the engine thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -175,7 +175,7 @@ TEST_P(SpeculationOnDefaultModel, DraftsAreAcceptedAndTokensEqual) {
   }
   start({.max_num_seqs = 4, .prefix_cache = false});
   const auto ref = run(js);
-  start({.max_num_seqs = 4, .prefix_cache = false, .speculative_tokens = 4});
+  start({.max_num_seqs = 4, .prefix_cache = false, .speculative_tokens = 4, .speculation_auto_off = false});
   const auto got = run(js);
   int64_t drafted = 0, accepted = 0;
   for (size_t i = 0; i < js.size(); ++i) {
@@ -185,6 +185,43 @@ TEST_P(SpeculationOnDefaultModel, DraftsAreAcceptedAndTokensEqual) {
   }
   EXPECT_GT(drafted, 0);
   EXPECT_GT(static_cast<double>(accepted), 0.3 * static_cast<double>(drafted)) << accepted << "/" << drafted;
+}
+
+// SchedulerOptions::speculation_auto_off, with a cost model (step_cost) in place of the clock: at the default
+// model's acceptance (about 2.5 tokens a verification of four sequences' K = 3 drafts), a decode step that
+// verifies drafts and costs as much as ten plain ones does not pay, and the engine turns speculation off (the
+// tokens unchanged); at 1.2 plain steps it pays and stays on.
+TEST_P(SpeculationOnDefaultModel, TurnsItselfOffWhenItDoesNotPay) {
+  std::vector<Job> js;
+  for (int i = 0; i < 4; ++i) js.push_back(job(prompt(16 + 8 * i, i), 120));
+  start({.max_num_seqs = 4, .prefix_cache = false});
+  const auto ref = run(js);
+  int64_t drafted_at[2] = {0, 0};
+  for (int c = 0; c < 2; ++c) {
+    const double verify_cost = c == 0 ? 10.0 : 1.2;
+    SchedulerOptions o{.max_num_seqs = 4, .prefix_cache = false, .speculative_tokens = 3};
+    o.step_cost = [verify_cost](const StepInfo& s) { return s.draft_rows > 0 ? verify_cost : 1.0; };
+    start(o);
+    const auto got = run(js);
+    for (size_t i = 0; i < js.size(); ++i) {
+      EXPECT_TRUE(got[i] == ref[i]) << "job " << i << " verify cost " << verify_cost;
+      drafted_at[c] += got[i].drafted;
+    }
+    const auto st = sched_->stats();
+    std::printf(
+        "[ auto off ] verify cost %.1f: off %d, %.3f per token with drafts, %.3f without, %lld drafted\n",
+        verify_cost, st.speculation_off ? 1 : 0, st.speculative_cost_per_token, st.plain_cost_per_token,
+        static_cast<long long>(drafted_at[c]));
+    EXPECT_EQ(st.speculation_off, c == 0) << "verify cost " << verify_cost;
+    if (c == 0) {
+      EXPECT_GT(st.speculative_cost_per_token, st.plain_cost_per_token);
+    } else {
+      EXPECT_LT(st.speculative_cost_per_token, st.plain_cost_per_token);
+    }
+    expect_idle();
+  }
+  EXPECT_GT(drafted_at[0], 0);  // it drafted until it knew
+  EXPECT_LT(2 * drafted_at[0], drafted_at[1]);
 }
 
 INSTANTIATE_TEST_SUITE_P(House, SpeculationOnDefaultModel, ::testing::Values("house"));
@@ -248,7 +285,11 @@ TEST_P(SpeculationSampling, FirstAndSecondTokenDistributionsMatch) {
 #endif
   const auto p = prompt(6, 9);
   auto draws = [&](int32_t k) {
-    start({.max_queue = 100000, .max_num_seqs = 64, .max_num_batched_tokens = 1024, .speculative_tokens = k});
+    start({.max_queue = 100000,
+           .max_num_seqs = 64,
+           .max_num_batched_tokens = 1024,
+           .speculative_tokens = k,
+           .speculation_auto_off = false});  // every request drafts once, whatever the steps cost
     std::vector<Job> js;
     for (int i = 0; i < n; ++i) js.push_back(job(p, 3, 1.0f, static_cast<uint64_t>(i)));
     return run(js);
