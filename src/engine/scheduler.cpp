@@ -949,7 +949,7 @@ void Scheduler::weigh_speculation(const StepInfo& info, int64_t emitted) {
       (plain_samples_ < 2 && spec_samples_ >= kSpeculationMinSamples / 2 && since_plain_ > 0))
     probe_plain_ = true;
   if (spec_samples_ >= kSpeculationMinSamples && plain_samples_ >= 2 &&
-      spec_cost_ / spec_tokens_ > plain_cost_ / plain_tokens_)
+      spec_cost_ / spec_tokens_ > kSpeculationOffRatio * plain_cost_ / plain_tokens_)
     spec_off_ = true;  // for good: the head no longer runs, so its cache would fall behind
 }
 

@@ -63,7 +63,8 @@ struct SchedulerOptions {
   // then not the model's. Empty: the model's own acceptance.
   std::vector<double> forced_acceptance = {};
   // Speculation turns itself off for good when it does not pay: when the decode steps that verify drafts,
-  // their draft calls included, cost more per emitted token than the plain decode steps (one in
+  // their draft calls included, cost kSpeculationOffRatio times as much per emitted token as the plain
+  // decode steps or more (one in
   // kSpeculationProbeSteps decode steps is made plain to measure them), over kSpeculationMinSamples
   // verification steps or more (a model too small for it on a GPU, where every step is launch-bound). Not
   // with forced_acceptance, whose profile is meant to be timed.
@@ -77,7 +78,9 @@ struct SchedulerOptions {
 
 inline constexpr int32_t kMaxSpeculativeTokens = 8;
 inline constexpr int64_t kSpeculationProbeSteps = 64;
-inline constexpr int64_t kSpeculationMinSamples = 16;
+inline constexpr int64_t kSpeculationMinSamples = 32;
+// How much more per token drafting must cost to be turned off (timings are noisy; a near tie keeps it).
+inline constexpr double kSpeculationOffRatio = 1.25;
 
 // What the engine holds now (for /metrics).
 struct SchedulerStats {

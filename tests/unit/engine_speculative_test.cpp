@@ -193,7 +193,7 @@ TEST_P(SpeculationOnDefaultModel, DraftsAreAcceptedAndTokensEqual) {
 // tokens unchanged); at 1.2 plain steps it pays and stays on.
 TEST_P(SpeculationOnDefaultModel, TurnsItselfOffWhenItDoesNotPay) {
   std::vector<Job> js;
-  for (int i = 0; i < 4; ++i) js.push_back(job(prompt(16 + 8 * i, i), 120));
+  for (int i = 0; i < 4; ++i) js.push_back(job(prompt(16 + 8 * i, i), 240));
   start({.max_num_seqs = 4, .prefix_cache = false});
   const auto ref = run(js);
   int64_t drafted_at[2] = {0, 0};
