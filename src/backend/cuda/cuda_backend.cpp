@@ -1046,14 +1046,19 @@ core::Status CudaBackend::check_snapshots(std::span<const StateSnapshot> snaps, 
   return core::Status();
 }
 
+void CudaBackend::fill_row_snapshots(int64_t row0, int64_t off, int64_t n,
+                                     std::span<const StateSnapshot> snaps, int* row_snap) {
+  std::fill_n(row_snap + row0, n, -1);
+  for (const StateSnapshot& snap : snaps)
+    if (snap.rows - off >= 1 && snap.rows - off <= n) row_snap[row0 + snap.rows - off - 1] = snap.slot;
+}
+
 bool CudaBackend::append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
                                           std::span<const StateSnapshot> snaps, int* row_snap,
                                           std::vector<RowSegment>& segs) {
   const auto inside = [&](const StateSnapshot& s) { return s.rows - off >= 1 && s.rows - off <= n; };
   if (n <= kRowSnapshotRows && std::any_of(snaps.begin(), snaps.end(), inside)) {
-    std::fill_n(row_snap + row0, n, -1);
-    for (const StateSnapshot& snap : snaps)
-      if (inside(snap)) row_snap[row0 + snap.rows - off - 1] = snap.slot;
+    fill_row_snapshots(row0, off, n, snaps, row_snap);
     segs.push_back({row0, n, false, slot, -1, true});
     return true;
   }
@@ -1097,9 +1102,7 @@ core::Status CudaBackend::prefill_one(const PrefillItem& item, std::vector<float
     }
     pinned_runs()[0] = 0;
     pinned_runs()[1] = static_cast<int>(T);
-    std::vector<RowSegment> one;
-    append_prefill_segments(0, 0, T, s->slot, item.snapshots, pinned_snap(), one);
-    if (one.size() != 1 || !one[0].row_snapshots) std::fill_n(pinned_snap(), T, -1);  // no snapshots
+    fill_row_snapshots(0, 0, T, item.snapshots, pinned_snap());
     if (cudaGraphExec_t g = verify_graph(static_cast<int>(T))) {
       DF_CUDA_TRY(cudaGraphLaunch(g, stream_));
       if (static_cast<int64_t>(keep_at_.size()) == T) DF_TRY(keep_hidden(keep_at_));

@@ -296,6 +296,10 @@ class CudaBackend final : public SequenceBackend {
   static bool append_prefill_segments(int64_t row0, int64_t off, int64_t n, int slot,
                                       std::span<const StateSnapshot> snaps, int* row_snap,
                                       std::vector<RowSegment>& segs);
+  // row_snap[row0, row0 + n): the snapshot slot after each row of that part of a run (first row: token
+  // `off`), -1 where none.
+  static void fill_row_snapshots(int64_t row0, int64_t off, int64_t n, std::span<const StateSnapshot> snaps,
+                                 int* row_snap);
   // What every entry point checks of its input: token ids inside the vocabulary; snapshots inside a run of
   // n rows of `slot` and inside the pool (not the scratch slot).
   core::Status check_ids(std::span<const int32_t> tokens) const;

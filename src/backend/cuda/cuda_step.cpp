@@ -94,8 +94,7 @@ core::Status CudaBackend::fused_step(const Step& step, std::span<SequenceState* 
     in_short[i] = true;
     row_of[i] = n;
     pinned_runs()[n_short++] = static_cast<int>(n - short0);
-    std::fill_n(pinned_snap() + n, r.n_rows, -1);
-    for (const StateSnapshot& snap : r.snapshots) pinned_snap()[n + snap.rows - 1] = snap.slot;
+    fill_row_snapshots(n, 0, r.n_rows, r.snapshots, pinned_snap());
     for (int64_t j = 0; j < r.n_rows; ++j) {
       pinned_run0()[n] = static_cast<int>(row_of[i] - short0);
       stage(i, j);
